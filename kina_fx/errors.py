@@ -1,0 +1,114 @@
+"""Status codes and exception classes: the one place they are defined.
+
+The Kina ABI (shared/seeds/000) returns an ``int32`` status from every C
+export.  Each non-zero code has one Python exception class; the C exports in
+:mod:`kina_fx.ffi` translate an exception into its class's ``status`` and the
+message into ``kina_last_error``.  Codes 0-6 are the seed's; codes from 7 up
+are kina_fx extensions and are marked unstable in ``docs/abi.md``.
+"""
+from __future__ import annotations
+
+import enum
+
+
+class Status(enum.IntEnum):
+    """The ABI's status codes (``FfiErrorCode`` in the seed)."""
+
+    SUCCESS = 0
+    VALIDATION = 1
+    RESOURCE = 2
+    GPU = 3
+    UNIMPLEMENTED = 4
+    INTERNAL = 5
+    TYPE = 6
+    # Unstable extensions used by the effects C ABI.
+    CANCELLED = 7     # the fiber was cancelled while it waited in a perform
+    UNHANDLED = 8     # an effect reached the bottom of the handler stack
+
+
+class KinaError(Exception):
+    """Base class of every error kina_fx raises on purpose."""
+
+    status: Status = Status.INTERNAL
+
+
+class ValidationError(KinaError, ValueError):
+    """Bad input: null pointer, wrong rank or shape, bad axis, stale handle."""
+
+    status = Status.VALIDATION
+
+
+class ResourceError(KinaError, MemoryError):
+    """An allocation could not be satisfied."""
+
+    status = Status.RESOURCE
+
+
+class GpuError(KinaError, RuntimeError):
+    """The CUDA backend failed (launch, copy, driver)."""
+
+    status = Status.GPU
+
+
+class UnimplementedError(KinaError, NotImplementedError):
+    """A valid request this runtime does not implement (e.g. an unsupported dtype)."""
+
+    status = Status.UNIMPLEMENTED
+
+
+class InternalError(KinaError, RuntimeError):
+    """A bug in kina_fx, or a failure it did not anticipate."""
+
+    status = Status.INTERNAL
+
+
+class KinaTypeError(KinaError, TypeError):
+    """An argument of the wrong element type or kind."""
+
+    status = Status.TYPE
+
+
+class Cancelled(KinaError):
+    """Raised inside a fiber at its pending perform when the fiber is cancelled."""
+
+    status = Status.CANCELLED
+
+
+class Unhandled(KinaError):
+    """No handler handles ``effect``; raised at the perform site.
+
+    ``payload`` is the tuple of arguments the effect was performed with.
+    """
+
+    status = Status.UNHANDLED
+
+    def __init__(self, effect, payload=()):
+        self.effect = effect
+        self.payload = tuple(payload)
+        super().__init__(f"unhandled effect {effect!r} with payload {self.payload!r}")
+
+    def __reduce__(self):
+        return (type(self), (self.effect, self.payload))
+
+
+class ContinuationAlreadyResumed(ValidationError):
+    """A one-shot continuation was resumed or discontinued a second time."""
+
+
+class WrongThread(ValidationError):
+    """A fiber or continuation was used from an OS thread that does not own it."""
+
+
+def status_of(exc: BaseException) -> Status:
+    """The status code a C export returns for ``exc``."""
+    if isinstance(exc, KinaError):
+        return exc.status
+    if isinstance(exc, MemoryError):
+        return Status.RESOURCE
+    if isinstance(exc, NotImplementedError):
+        return Status.UNIMPLEMENTED
+    if isinstance(exc, TypeError):
+        return Status.TYPE
+    if isinstance(exc, (ValueError, IndexError)):
+        return Status.VALIDATION
+    return Status.INTERNAL

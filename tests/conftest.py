@@ -1,0 +1,28 @@
+"""Suite-wide rules.
+
+Under ``CI=true`` a skipped integration test is a failure: CI must prove the C,
+MLIR and OCaml hosts, not silently skip them when a tool is missing.
+"""
+import os
+
+import pytest
+
+_skipped_integration = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and "integration" in report.keywords:
+        _skipped_integration.append(report.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes") and _skipped_integration:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes") and _skipped_integration:
+        terminalreporter.write_line(
+            "CI=true and integration tests were skipped (this run FAILS):", red=True)
+        for nodeid in _skipped_integration:
+            terminalreporter.write_line("  " + nodeid, red=True)
