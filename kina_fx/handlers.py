@@ -1,0 +1,432 @@
+"""Algebraic effects and handlers with OCaml 5 semantics, on kina_fx fibers.
+
+The whole model in a few lines (docs/effects.md has the long version):
+
+* ``perform(effect, *args)`` walks the handler stack of the running fiber chain
+  (see :mod:`kina_fx.fibers`) from the innermost handler outwards and stops at
+  the first handler with a clause for ``effect``.
+* A ``fun`` clause is *tail-resumptive*: it runs right there, on the
+  performer's stack, and its return value is the value of ``perform``.
+* An ``on`` clause is a *control* clause: the fibers from the performer up to
+  the handler's fiber are suspended as a one-shot :class:`Continuation`, and
+  the clause runs in the context of whoever started (or last resumed) that
+  handler, receiving ``k``.
+* Every clause runs outside its own handler: effects performed by a clause go
+  to handlers further out.  For control clauses that is automatic (they run
+  on the resumer); for ``fun`` clauses a *skip marker* pushed for the duration
+  of the clause makes the search jump past the handler.
+* Deep handlers (``Handler.run``, ``k.resume``) stay installed on the fiber;
+  shallow ones (``fiber(fn)``, ``k.resume_with``) handle one effect and are
+  gone.
+
+Tail resumption: ``return k.resume(v)`` at the end of a clause, possibly
+through helpers that themselves ``return`` the call directly, does not nest
+the clause's stack under the resumed fiber: it hands ``(k, v)`` back to the
+loop that called the clause, which resumes ``k`` itself (as OCaml compiles a
+``continue`` in tail position).  Clauses that resume in tail position
+therefore run in constant stack, however many effects are performed.
+"""
+from __future__ import annotations
+
+import dis
+import sys
+import threading
+
+from . import fibers
+from .errors import ContinuationAlreadyResumed, Unhandled, ValidationError
+from .fibers import RAISED, RETURNED, Chain, _tls
+
+__all__ = ["Effect", "perform", "Handler", "Continuation", "fiber"]
+
+PERFORMED = "performed"
+
+
+# --- effects ----------------------------------------------------------------
+
+
+class Effect:
+    """An effect, interned by name: ``Effect("yield") is Effect("yield")``.
+
+    ``id`` is a small positive int, stable for the life of the process and
+    shared with the C ABI (``kina_effect_id``).  ``default``, when set, is a
+    callable that answers the effect in place when no handler handles it
+    (instead of raising :class:`Unhandled`).
+    """
+
+    __slots__ = ("name", "id", "default", "__weakref__")
+    _lock = threading.Lock()
+    _by_name: dict = {}
+    _by_id: list = [None]          # ids start at 1; 0 means "no effect" in C
+
+    def __new__(cls, name: str):
+        if not isinstance(name, str) or not name:
+            raise ValidationError(f"an effect name must be a non-empty str, not {name!r}")
+        effect = cls._by_name.get(name)
+        if effect is None:
+            with cls._lock:
+                effect = cls._by_name.get(name)
+                if effect is None:
+                    effect = object.__new__(cls)
+                    effect.name = name
+                    effect.id = len(cls._by_id)
+                    effect.default = None
+                    cls._by_id.append(effect)
+                    cls._by_name[name] = effect
+        return effect
+
+    @classmethod
+    def lookup(cls, key) -> "Effect":
+        """The effect with this id (int) or name (str); ValidationError if none."""
+        if isinstance(key, str):
+            effect = cls._by_name.get(key)
+        elif isinstance(key, int) and 0 < key < len(cls._by_id):
+            effect = cls._by_id[key]
+        else:
+            effect = None
+        if effect is None:
+            raise ValidationError(f"no effect with id or name {key!r}")
+        return effect
+
+    def __call__(self, *args):
+        """``eff(*args)`` is ``perform(eff, *args)``."""
+        return perform(self, *args)
+
+    def __repr__(self):
+        return f"Effect({self.name!r})"
+
+    def __reduce__(self):
+        return (Effect, (self.name,))
+
+
+# --- handlers ---------------------------------------------------------------
+
+
+def _check_clauses(clauses, what):
+    clauses = dict(clauses or {})
+    for effect, clause in clauses.items():
+        if not isinstance(effect, Effect):
+            raise TypeError(f"{what} keys must be Effect instances, not {effect!r}")
+        if not callable(clause):
+            raise TypeError(f"{what} clause for {effect!r} is not callable")
+    return clauses
+
+
+class Handler:
+    """A handler: control clauses (``on``), tail-resumptive clauses (``fun``),
+    a return clause (``ret``) and an exception clause (``exc``).
+
+    * ``on[effect](k, *args)``: ``k`` is a one-shot :class:`Continuation`;
+      the clause's result is the result of the handled computation.
+    * ``fun[effect](*args)``: runs in place; its result resumes the performer.
+      An exception it raises is raised at the perform site.
+    * ``ret(value)``: applied to the body's return value (default: identity).
+    * ``exc(exception)``: applied to an ``Exception`` escaping the body
+      (default: re-raise).  It does not see exceptions of the clauses, nor
+      ``BaseException``-only ones (``KeyboardInterrupt``, ``GreenletExit``).
+    """
+
+    __slots__ = ("on", "fun", "ret", "exc")
+
+    def __init__(self, on=None, fun=None, ret=None, exc=None):
+        self.on = _check_clauses(on, "on")
+        self.fun = _check_clauses(fun, "fun")
+        both = self.on.keys() & self.fun.keys()
+        if both:
+            raise ValidationError(f"effects with both an 'on' and a 'fun' clause: {both}")
+        if ret is not None and not callable(ret):
+            raise TypeError("ret must be callable")
+        if exc is not None and not callable(exc):
+            raise TypeError("exc must be callable")
+        self.ret = ret
+        self.exc = exc
+
+    def run(self, fn, *args):
+        """Run ``fn(*args)`` under this handler (deep; OCaml ``match_with``)."""
+        if not self.on:
+            return self._run_in_place(fn, args)
+        chain = Chain(*(2 * (fibers.new_fiber(fn, args, self),)))
+        return _drive(chain, (False, None))
+
+    def _run_in_place(self, fn, args):
+        # Without control clauses nothing can suspend to this handler, so the
+        # body needs no fiber of its own: push the handler, call, pop.
+        stack = _tls.current.stack
+        stack.append(self)
+        try:
+            value = fn(*args)
+        except Exception as exc:
+            _pop(self)
+            if self.exc is None:
+                raise
+            return self.exc(exc)
+        except BaseException:
+            _pop(self)
+            raise
+        _pop(self)
+        return value if self.ret is None else self.ret(value)
+
+    def __enter__(self):
+        if self.on or self.ret is not None or self.exc is not None:
+            raise ValidationError(
+                "only a handler with just 'fun' clauses can be installed with 'with'; "
+                "use handler.run(fn) for 'on', 'ret' and 'exc'")
+        _tls.current.stack.append(self)
+        return self
+
+    def __exit__(self, *exc_info):
+        _pop(self)
+        return False
+
+    def __repr__(self):
+        names = [e.name for e in self.on] + [e.name + "(fun)" for e in self.fun]
+        return f"<Handler {', '.join(names) or 'empty'}>"
+
+
+def _pop(entry):
+    fiber = _tls.current
+    stack = fiber.stack
+    if stack and stack[-1] is entry:
+        stack.pop()
+    elif fiber.resume_after is None:   # a fiber being unwound may have lost its stack
+        raise ValidationError(f"{entry!r} is not the innermost handler of this fiber")
+
+
+class _Skip:
+    """Pushed while a ``fun`` clause runs: the search resumes below the handler
+    that owns the clause (entry ``index`` of ``fiber``; -1 is its control handler)."""
+
+    __slots__ = ("fiber", "index")
+
+    def __init__(self, fiber, index):
+        self.fiber = fiber
+        self.index = index
+
+
+def perform(effect, *args):
+    """Perform ``effect`` with ``args``; return the value the handler resumes with.
+
+    Raises :class:`Unhandled` here, at the perform site, when no handler in
+    scope handles ``effect`` and it has no ``default``.
+    """
+    st = _tls
+    f = st.current
+    i = len(f.stack) - 1
+    entry = h = None
+    while True:
+        if i >= 0:
+            entry = f.stack[i]
+            if entry.__class__ is _Skip:
+                f = entry.fiber
+                i = entry.index - 1
+                if i >= -1:
+                    continue
+            else:
+                clause = entry.fun.get(effect)
+                if clause is not None:
+                    break
+                i -= 1
+                continue
+        else:
+            h = f.handler
+            if h is not None:
+                clause = h.fun.get(effect)
+                if clause is not None:
+                    break
+                if effect in h.on:
+                    # Suspend the chain from here to f and hand it to f's
+                    # resumer.  Nothing this frame keeps may refer to the fibers
+                    # (see fibers.py), hence post-then-del-then-suspend.
+                    k = Continuation(st.current, f, f.shallow)
+                    if f.shallow:
+                        f.handler = None
+                    fibers.post(f, (PERFORMED, h, (effect, args, k)))
+                    del f, k, h, st
+                    send = fibers.suspend()
+                    if send[0]:
+                        raise send[1]
+                    return send[1]
+        f = f.parent
+        if f is None:
+            if effect.default is not None:
+                return effect.default(*args)
+            raise Unhandled(effect, args)
+        i = len(f.stack) - 1
+    # Tail-resumptive clause: run it here, outside its own handler.
+    st.current.stack.append(_Skip(f, i))
+    f = entry = h = None
+    try:
+        return clause(*args)
+    finally:
+        st.current.stack.pop()
+
+
+# --- continuations ----------------------------------------------------------
+
+
+class Continuation(Chain):
+    """A one-shot continuation: the suspended fibers from a perform up to its handler.
+
+    Deep continuations (from ``Handler.run``) take ``resume``/``discontinue``;
+    shallow ones (from :func:`fiber` or a shallow handler) take
+    ``resume_with``/``discontinue_with``.  A second use raises
+    :class:`ContinuationAlreadyResumed` and changes nothing.  A continuation
+    dropped without being used is unwound when it is collected: ``finally``
+    blocks and ``with`` exits of the suspended code run.
+    """
+
+    __slots__ = ("shallow",)
+
+    def __init__(self, top, base, shallow=False):
+        super().__init__(top, base)
+        self.shallow = shallow
+
+    def resume(self, value=None):
+        """OCaml ``continue k value``: returns what the handler returns."""
+        self._check(shallow=False)
+        return _resume_from(sys._getframe(1), self, (False, value))
+
+    def discontinue(self, exc):
+        """OCaml ``discontinue k exc``: raise ``exc`` at the perform site."""
+        self._check(shallow=False)
+        return _resume_from(sys._getframe(1), self, (True, _as_exception(exc)))
+
+    def resume_with(self, value, handler: Handler):
+        """OCaml ``Effect.Shallow.continue_with k value handler``."""
+        self._check(shallow=True)
+        self._install(handler)
+        return _resume_from(sys._getframe(1), self, (False, value))
+
+    def discontinue_with(self, exc, handler: Handler):
+        """OCaml ``Effect.Shallow.discontinue_with k exc handler``."""
+        self._check(shallow=True)
+        self._install(handler)
+        return _resume_from(sys._getframe(1), self, (True, _as_exception(exc)))
+
+    @property
+    def resumed(self) -> bool:
+        """True once the continuation has been used."""
+        return self.top is None
+
+    def _check(self, shallow):
+        if self.top is None:
+            raise ContinuationAlreadyResumed("this continuation was already resumed or discontinued")
+        fibers.check_owner(self.top)
+        if self.shallow != shallow:
+            use = "resume_with/discontinue_with" if self.shallow else "resume/discontinue"
+            raise TypeError(f"a {'shallow' if self.shallow else 'deep'} continuation takes {use}")
+
+    def _install(self, handler):
+        if not isinstance(handler, Handler):
+            raise TypeError(f"resume_with needs a Handler, not {handler!r}")
+        self.base.handler = handler
+        self.base.shallow = True
+
+    def __repr__(self):
+        kind = "shallow" if self.shallow else "deep"
+        return f"<Continuation {kind} {'used' if self.top is None else 'ready'}>"
+
+
+def fiber(fn) -> Continuation:
+    """A shallow continuation that, resumed with ``v``, runs ``fn(v)`` (OCaml ``Effect.Shallow.fiber``)."""
+    if not callable(fn):
+        raise TypeError("fiber() needs a callable")
+    f = fibers.new_fiber(fn, None, None, shallow=True)
+    return Continuation(f, f, shallow=True)
+
+
+def _as_exception(exc):
+    if isinstance(exc, type) and issubclass(exc, BaseException):
+        exc = exc()
+    if not isinstance(exc, BaseException):
+        raise TypeError(f"discontinue needs an exception, not {exc!r}")
+    return exc
+
+
+# --- the driver loop --------------------------------------------------------
+
+
+class _TailResume:
+    """Handed back by a resume in tail position to the driver that called the clause."""
+
+    __slots__ = ("chain", "send")
+
+    def __init__(self, chain, send):
+        self.chain = chain
+        self.send = send
+
+
+def _drive(chain, send):
+    """Resume ``chain`` and run the clauses of whichever handlers it stops at.
+
+    Returns the handler's result: the return clause's, the exception clause's,
+    or a control clause's.  A clause that resumes a continuation in tail
+    position hands it back here instead of nesting (see _resume_from).
+    """
+    while True:
+        kind, handler, payload = fibers.switch_into(chain, send)
+        chain = send = None
+        if kind is PERFORMED:
+            effect, args, k = payload
+            del payload
+            result = handler.on[effect](k, *args)
+        elif kind is RETURNED:
+            result = payload if handler.ret is None else handler.ret(payload)
+        elif kind is RAISED:
+            if handler.exc is None or not isinstance(payload, Exception):
+                raise payload
+            result = handler.exc(payload)
+        if result.__class__ is _TailResume:
+            chain, send = result.chain, result.send
+            continue
+        return result
+
+
+def _resume_from(caller, k, send):
+    chain = Chain(k.top, k.base)
+    k.top = k.base = None
+    if _returns_straight_to_driver(caller):
+        return _TailResume(chain, send)
+    del caller
+    return _drive(chain, send)
+
+
+# A call is in tail position when the instruction after it is RETURN_VALUE and
+# no exception handler (try/with) covers it.  We look that up per code object,
+# once, and accept a chain of at most _MAX_TAIL_FRAMES such frames between the
+# resume and the driver loop.  Generator frames never qualify (their return
+# value goes into StopIteration).
+_DRIVE_CODE = _drive.__code__
+_MAX_TAIL_FRAMES = 16
+_CALL_OPS = {"CALL", "CALL_FUNCTION", "CALL_METHOD", "CALL_FUNCTION_KW", "CALL_FUNCTION_EX", "CALL_KW"}
+_NOT_PLAIN = 0x20 | 0x80 | 0x100 | 0x200   # generator, coroutine, iterable coroutine, async gen
+_tail_offsets_by_code: dict = {}
+
+
+def _tail_offsets(code):
+    offsets = _tail_offsets_by_code.get(code)
+    if offsets is None:
+        offsets = set()
+        if not code.co_flags & _NOT_PLAIN:
+            bytecode = dis.Bytecode(code)
+            guarded = [(e.start, e.end) for e in getattr(bytecode, "exception_entries", ())]
+            insts = list(bytecode)
+            for call, nxt in zip(insts, insts[1:]):
+                if (call.opname in _CALL_OPS and nxt.opname == "RETURN_VALUE"
+                        and not any(s <= call.offset < e for s, e in guarded)):
+                    offsets.update(range(call.offset, nxt.offset, 2))
+        offsets = frozenset(offsets)
+        _tail_offsets_by_code[code] = offsets
+    return offsets
+
+
+def _returns_straight_to_driver(frame) -> bool:
+    for _ in range(_MAX_TAIL_FRAMES):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code is _DRIVE_CODE:
+            return True
+        if frame.f_lasti not in _tail_offsets(code):
+            return False
+        frame = frame.f_back
+    return False
