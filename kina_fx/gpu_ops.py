@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from .errors import ValidationError
+from .errors import GpuError, ResourceError, ValidationError
 
 _cupy = None
 _cupy_checked = False
@@ -33,14 +33,30 @@ def cupy_module():
     return _cupy
 
 
+_device_memo: tuple = (None, None)
+
+
 def device() -> str:
-    """The backend selected by ``KINA_FX_DEVICE``: ``"cpu"`` or ``"cuda"``."""
-    want = os.environ.get("KINA_FX_DEVICE", "auto").lower()
+    """The backend selected by ``KINA_FX_DEVICE``: ``"cpu"`` or ``"cuda"``.
+
+    Read on every call (tests switch it) but resolved once per value: the C
+    exports ask for every op.
+    """
+    global _device_memo
+    want = os.environ.get("KINA_FX_DEVICE", "auto")
+    if _device_memo[0] == want:
+        return _device_memo[1]
+    result = _resolve_device(want)
+    _device_memo = (want, result)
+    return result
+
+
+def _resolve_device(want: str) -> str:
+    want = want.lower()
     if want == "cpu":
         return "cpu"
     if want in ("cuda", "gpu"):
         if cupy_module() is None:
-            from .errors import GpuError
             raise GpuError("KINA_FX_DEVICE=cuda but CuPy or a CUDA device is unavailable")
         return "cuda"
     if want != "auto":
@@ -70,9 +86,63 @@ def normalize_axis(axis: int, ndim: int) -> int:
     return axis % ndim
 
 
+def _check_out(out, shape, op):
+    if out is not None and tuple(out.shape) != tuple(shape):
+        raise ValidationError(f"{op}: out has shape {tuple(out.shape)}, expected {tuple(shape)}")
+
+
+def matmul_shape(a_shape, b_shape) -> tuple:
+    """The shape of ``a @ b`` under NumPy's matmul rules, or ValidationError.
+
+    Rank-1 operands are vectors (promoted, then the added axis dropped); for
+    rank >= 3 the leading (batch) dimensions broadcast.
+    """
+    a_shape, b_shape = tuple(a_shape), tuple(b_shape)
+    if not a_shape or not b_shape:
+        raise ValidationError(f"matmul needs operands of rank >= 1, got shapes {a_shape} and {b_shape}")
+    a2 = (1,) + a_shape if len(a_shape) == 1 else a_shape
+    b2 = b_shape + (1,) if len(b_shape) == 1 else b_shape
+    if a2[-1] != b2[-2]:
+        raise ValidationError(f"matmul: inner dimensions differ: {a_shape} @ {b_shape}")
+    batch_a, batch_b = a2[:-2], b2[:-2]
+    n = max(len(batch_a), len(batch_b))
+    batch_a = (1,) * (n - len(batch_a)) + batch_a
+    batch_b = (1,) * (n - len(batch_b)) + batch_b
+    batch = []
+    for x, y in zip(batch_a, batch_b):
+        if x != y and x != 1 and y != 1:
+            raise ValidationError(f"matmul: batch dimensions do not broadcast: {a_shape} @ {b_shape}")
+        batch.append(y if x == 1 else x)
+    shape = tuple(batch) + (a2[-2], b2[-1])
+    if len(a_shape) == 1:
+        shape = shape[:-2] + shape[-1:]
+    if len(b_shape) == 1:
+        shape = shape[:-1]
+    return shape
+
+
+_matmul_shapes: dict = {}
+
+
 def matmul(a, b, out=None):
-    """``a @ b`` with NumPy's rules (2-D, and batched for rank >= 3)."""
+    """``a @ b`` with NumPy's rules (2-D, and batched for rank >= 3).
+
+    Shapes are checked (with a clear message) before anything is written.
+    """
     xp = array_module(a, b)
+    key = (a.shape, b.shape)
+    shape = _matmul_shapes.get(key)
+    if shape is None:
+        shape = matmul_shape(a.shape, b.shape)
+        if len(_matmul_shapes) > 1024:
+            _matmul_shapes.clear()
+        _matmul_shapes[key] = shape
+    _check_out(out, shape, "matmul")
+    if out is None:
+        return xp.matmul(a, b)
+    if out.ndim == 0:  # NumPy's matmul refuses a 0-d out for vector @ vector
+        out[...] = xp.matmul(a, b)
+        return out
     return xp.matmul(a, b, out=out)
 
 
@@ -80,31 +150,48 @@ def gather(values, indices, out=None):
     """Rows of ``values`` picked by integer ``indices``.
 
     Result shape is ``indices.shape + values.shape[1:]``.  An index outside
-    ``[0, values.shape[0])`` is a ValidationError (no negative wrap-around).
+    ``[0, values.shape[0])`` is a ValidationError (no negative wrap-around),
+    raised before ``out`` is written.
     """
     xp = array_module(values, indices)
     if values.ndim < 1:
         raise ValidationError("gather needs values of rank >= 1")
+    if indices.dtype.kind not in "iu":
+        raise ValidationError(f"gather needs integer indices, not {indices.dtype}")
     rows = values.shape[0]
-    if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= rows):
-        raise ValidationError(f"gather index out of range [0, {rows})")
-    result = xp.take(values, indices, axis=0)
+    _check_out(out, tuple(indices.shape) + tuple(values.shape[1:]), "gather")
+    if indices.size:
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 0 or hi >= rows:
+            bad = lo if lo < 0 else hi
+            raise ValidationError(f"gather index {bad} out of range [0, {rows})")
     if out is None:
-        return result
-    out[...] = result
-    return out
+        return xp.take(values, indices, axis=0)
+    if out.size == 0:
+        return out
+    # Indices are checked above, so "clip" never clips; it spares NumPy's
+    # buffered "raise" mode.
+    return xp.take(values, indices, axis=0, out=out, mode="clip")
 
 
 def softmax(x, axis=-1, out=None):
-    """Numerically stable softmax along ``axis``; ``out`` may alias ``x``."""
+    """Numerically stable softmax along ``axis``; ``out`` may alias ``x``.
+
+    Computed in ``out`` (max, subtract, exp, normalise) with one temporary
+    for the reductions, so the C export adds no full-size copy.
+    """
     xp = array_module(x)
     axis = normalize_axis(axis, x.ndim)
-    shifted = x - x.max(axis=axis, keepdims=True)
-    e = xp.exp(shifted)
-    e /= e.sum(axis=axis, keepdims=True)
+    _check_out(out, x.shape, "softmax")
     if out is None:
-        return e
-    out[...] = e
+        out = xp.empty_like(x)
+    if x.shape[axis] == 0 or x.size == 0:
+        return out
+    m = x.max(axis=axis, keepdims=True)
+    xp.subtract(x, m, out=out)
+    xp.exp(out, out=out)
+    s = out.sum(axis=axis, keepdims=True)
+    xp.divide(out, s, out=out)
     return out
 
 
@@ -122,8 +209,90 @@ def repeat_interleave(x, reps: int, axis: int, out=None):
     if reps < 0:
         raise ValidationError(f"repeat_interleave needs reps >= 0, got {reps}")
     axis = normalize_axis(axis, x.ndim)
-    result = xp.repeat(x, reps, axis=axis)
+    shape = list(x.shape)
+    shape[axis] *= reps
+    _check_out(out, shape, "repeat_interleave")
     if out is None:
-        return result
-    out[...] = result
+        return xp.repeat(x, reps, axis=axis)
+    if out.size == 0:
+        return out
+    # A C-contiguous out seen as (..., n, reps, ...) is a view in NumPy and
+    # CuPy alike: broadcast x into it with no temporary.
+    if out.flags.c_contiguous:
+        split = tuple(x.shape[:axis]) + (x.shape[axis], reps) + tuple(x.shape[axis + 1:])
+        out.reshape(split)[...] = xp.expand_dims(x, axis + 1)
+    else:
+        out[...] = xp.repeat(x, reps, axis=axis)
     return out
+
+
+# ---- memory the runtime allocates ----------------------------------------------
+
+#: Live allocations: address -> (device, nbytes, owner).  The owner keeps host
+#: memory alive; CUDA memory is freed explicitly.
+_allocations: dict = {}
+
+
+def _host_memory_limit() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+def allocate(nbytes: int, alignment: int = 64) -> int:
+    """A new buffer of ``nbytes`` on the selected device; returns its address.
+
+    CUDA: managed memory (cudaMallocManaged), refused with ResourceError when
+    larger than the device's free memory.  CPU: host memory aligned to
+    ``alignment``, refused when larger than physical memory.  Zero bytes still
+    give a distinct, non-null address.  Every buffer is registered for
+    :func:`free_all`.
+    """
+    if nbytes < 0:
+        raise ValidationError(f"cannot allocate {nbytes} bytes")
+    if device() == "cuda":
+        cp = cupy_module()
+        try:
+            free, _total = cp.cuda.runtime.memGetInfo()
+        except Exception as exc:
+            raise GpuError(f"cudaMemGetInfo failed: {exc}") from exc
+        if nbytes > free:
+            raise ResourceError(f"cannot allocate {nbytes} bytes of managed memory: "
+                                f"the device has {free} bytes free")
+        try:
+            address = cp.cuda.runtime.mallocManaged(max(nbytes, 1), cp.cuda.runtime.memAttachGlobal)
+        except cp.cuda.runtime.CUDARuntimeError as exc:
+            raise ResourceError(f"cudaMallocManaged({nbytes}) failed: {exc}") from exc
+        _allocations[address] = ("cuda", nbytes, None)
+        return address
+    limit = _host_memory_limit()
+    if nbytes > limit:
+        raise ResourceError(f"cannot allocate {nbytes} bytes: the host has {limit} bytes of memory")
+    owner = np.empty(max(nbytes, 1) + alignment, dtype=np.uint8)
+    base = owner.__array_interface__["data"][0]
+    address = (base + alignment - 1) // alignment * alignment
+    _allocations[address] = ("cpu", nbytes, owner)
+    return address
+
+
+def free_all() -> int:
+    """Free every buffer :func:`allocate` returned; returns how many.  Idempotent."""
+    count = 0
+    while _allocations:
+        address, (dev, _n, _owner) = _allocations.popitem()
+        count += 1
+        if dev == "cuda":
+            cupy_module().cuda.runtime.free(address)
+    return count
+
+
+def allocations() -> dict:
+    """A snapshot of the live allocations: address -> (device, nbytes)."""
+    return {a: (d, n) for a, (d, n, _o) in _allocations.items()}
+
+
+def synchronize(xp) -> None:
+    """Wait for queued device work (a no-op for NumPy): results must be visible to the host on return."""
+    if xp is not np:
+        xp.cuda.get_current_stream().synchronize()

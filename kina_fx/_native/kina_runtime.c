@@ -1,0 +1,248 @@
+/* The C part of libkina_fx.so: the exported wrappers, the Python start-up
+ * guard and kina_last_error.  cffi compiles this file (kina_fx/_native/build.py
+ * passes it to set_source) after its own prelude, so Python.h is included.
+ *
+ * Why hand-written wrappers: a bare cffi export returns 0 (Success in our ABI)
+ * when Python failed to start or no Python code is attached.  Each export here
+ * first runs kina__ensure_python(), which starts the right interpreter itself
+ * and returns KINA_STATUS_INTERNAL with a message on failure; only then does it
+ * call the static `extern "Python"` function that kina_fx/ffi.py attaches with
+ * @ffi.def_extern(error=5, onerror=...).
+ *
+ * Adding an export: one line in KINA_EXPORTS below, its prototype in
+ * kina_fx.h, and a function of the same Python name in kina_fx/ffi.py.
+ * build.py reads KINA_EXPORTS to declare the `extern "Python"` functions.
+ *
+ * Nothing here keeps a pointer into a caller's stack beyond one call: hosts may
+ * run on greenlet fibers whose stacks are copied away while suspended.
+ */
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kina_fx.h"
+
+#define KINA_API __attribute__((visibility("default")))
+
+/* X(exported name, Python callback name, (parameters), (arguments)).
+ * Every export returns an int32_t status.  Keep one entry per line: build.py
+ * parses these lines. */
+#define KINA_EXPORTS(X) \
+    X(_mlir_ciface_runtime_copy_to_device_f32, kina_py_copy_to_device_f32, (kina_unranked_memref_t *dst, kina_unranked_memref_t *src, int32_t device), (dst, src, device)) \
+    X(_mlir_ciface_runtime_copy_to_device_f16, kina_py_copy_to_device_f16, (kina_unranked_memref_t *dst, kina_unranked_memref_t *src, int32_t device), (dst, src, device)) \
+    X(_mlir_ciface_runtime_copy_to_host_f32, kina_py_copy_to_host_f32, (kina_unranked_memref_t *dst, kina_unranked_memref_t *src), (dst, src)) \
+    X(_mlir_ciface_runtime_gpu_matmul_f32, kina_py_gpu_matmul_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b)) \
+    X(_mlir_ciface_runtime_gpu_gather_f32, kina_py_gpu_gather_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *values, kina_unranked_memref_t *indices), (out, values, indices)) \
+    X(_mlir_ciface_runtime_gpu_softmax_f32, kina_py_gpu_softmax_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis), (out, x, axis)) \
+    X(_mlir_ciface_runtime_gpu_repeat_interleave_f32, kina_py_gpu_repeat_interleave_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t reps), (out, x, axis, reps)) \
+    X(_mlir_ciface_runtime_gpu_alloc_unranked, kina_py_gpu_alloc_unranked, (kina_unranked_memref_t *memref, int32_t element_size), (memref, element_size)) \
+    X(runtime_gpu_free_all, kina_py_gpu_free_all, (void), ())
+
+/* ---- kina_last_error: thread-local, shared by every export --------------- */
+
+#define KINA_ERROR_CAP 1024
+static __thread char kina__error[KINA_ERROR_CAP];
+
+static void kina__set_last_error(const char *message)
+{
+    snprintf(kina__error, sizeof kina__error, "%s", message ? message : "");
+}
+
+static void kina__errorf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(kina__error, sizeof kina__error, fmt, ap);
+    va_end(ap);
+}
+
+KINA_API const char *kina_last_error(void) { return kina__error; }
+
+KINA_API int32_t kina_abi_version(void) { return KINA_ABI_VERSION; }
+
+/* ---- starting Python ----------------------------------------------------- */
+
+#ifndef KINA_FX_BUILD_PYTHON
+#define KINA_FX_BUILD_PYTHON ""
+#endif
+
+static pthread_once_t kina__once = PTHREAD_ONCE_INIT;
+static int32_t kina__init_status = KINA_STATUS_INTERNAL;
+static char kina__init_message[KINA_ERROR_CAP] = "kina_fx: Python was never started";
+
+/* Called by the embedded init code (build.py) when importing kina_fx failed. */
+static void kina__set_init_error(const char *message)
+{
+    snprintf(kina__init_message, sizeof kina__init_message, "%s", message ? message : "");
+    kina__init_status = KINA_STATUS_INTERNAL;
+}
+
+static int kina__is_executable(const char *path)
+{
+    return path[0] != '\0' && access(path, X_OK) == 0;
+}
+
+/* The interpreter of the environment this library was installed into:
+ * $KINA_FX_PYTHON, else <venv>/bin/python3 for the first directory above this
+ * .so holding pyvenv.cfg (a regular install), else the interpreter that built
+ * the library (an editable install keeps the .so in the source tree). */
+static int kina__find_python(char *out, size_t cap)
+{
+    const char *env = getenv("KINA_FX_PYTHON");
+    if (env && kina__is_executable(env)) {
+        snprintf(out, cap, "%s", env);
+        return 0;
+    }
+    Dl_info info;
+    char dir[PATH_MAX];
+    if (dladdr((void *)&kina__find_python, &info) && info.dli_fname
+        && realpath(info.dli_fname, dir)) {
+        char *slash;
+        while ((slash = strrchr(dir, '/')) != NULL) {
+            *slash = '\0';
+            char probe[PATH_MAX + 32];
+            snprintf(probe, sizeof probe, "%s/pyvenv.cfg", dir[0] ? dir : "");
+            if (access(probe, R_OK) == 0) {
+                static const char *names[] = {"/bin/python3", "/bin/python"};
+                for (size_t i = 0; i < 2; i++) {
+                    snprintf(probe, sizeof probe, "%s%s", dir, names[i]);
+                    if (kina__is_executable(probe)) {
+                        snprintf(out, cap, "%s", probe);
+                        return 0;
+                    }
+                }
+            }
+            if (dir[0] == '\0')
+                break;
+        }
+    }
+    if (kina__is_executable(KINA_FX_BUILD_PYTHON)) {
+        snprintf(out, cap, "%s", KINA_FX_BUILD_PYTHON);
+        return 0;
+    }
+    return -1;
+}
+
+/* A host that dlopen()ed us with RTLD_LOCAL left libpython's symbols private;
+ * extension modules (numpy, _cffi_backend) need them global. */
+static void kina__promote_libpython(void)
+{
+    Dl_info info;
+    if (dladdr((void *)&Py_IsInitialized, &info) && info.dli_fname)
+        (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL);
+}
+
+static int kina__start_interpreter(void)
+{
+    char python[PATH_MAX];
+    if (kina__find_python(python, sizeof python) != 0) {
+        kina__set_init_error("kina_fx: cannot find the Python interpreter of the "
+                             "environment libkina_fx.so was installed into "
+                             "(set KINA_FX_PYTHON to its path)");
+        return -1;
+    }
+    kina__promote_libpython();
+
+    PyConfig config;
+    PyConfig_InitPythonConfig(&config);
+    config.install_signal_handlers = 0; /* the host owns SIGINT */
+    config.parse_argv = 0;
+    config.use_environment = 0;         /* PYTHONHOME/PYTHONPATH of another Python must not leak in */
+    config.user_site_directory = 0;
+    PyStatus st = PyConfig_SetBytesString(&config, &config.program_name, python);
+    if (!PyStatus_Exception(st))
+        st = Py_InitializeFromConfig(&config);
+    PyConfig_Clear(&config);
+    if (PyStatus_Exception(st)) {
+        snprintf(kina__init_message, sizeof kina__init_message,
+                 "kina_fx: starting Python (%.300s) failed: %.100s%s%.400s", python,
+                 st.func ? st.func : "", st.func ? ": " : "",
+                 st.err_msg ? st.err_msg : "unknown error");
+        return -1;
+    }
+    (void)PyEval_SaveThread(); /* cffi and later callers take the GIL themselves */
+    return 0;
+}
+
+/* Import _cffi_backend ourselves first: if it is missing, cffi's own start-up
+ * would print a traceback and make every export return 0. */
+static int kina__preflight(void)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int rc = 0;
+    PyObject *m = PyImport_ImportModule("_cffi_backend");
+    if (m == NULL) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *text = value ? PyObject_Str(value) : NULL;
+        const char *s = text ? PyUnicode_AsUTF8(text) : NULL;
+        snprintf(kina__init_message, sizeof kina__init_message,
+                 "kina_fx: cannot import _cffi_backend: %s", s ? s : "unknown error");
+        PyErr_Clear();
+        Py_XDECREF(text);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        rc = -1;
+    }
+    Py_XDECREF(m);
+    PyGILState_Release(gil);
+    return rc;
+}
+
+static void kina__init_once(void)
+{
+    if (!Py_IsInitialized() && kina__start_interpreter() != 0)
+        return;
+    if (kina__preflight() != 0)
+        return;
+    /* The embedded init code (build.py) imports kina_fx.ffi and attaches the
+     * callbacks; it reports its own failure through kina__set_init_error. */
+    kina__init_status = KINA_STATUS_SUCCESS;
+    if (cffi_start_python() != 0) {
+        kina__set_init_error("kina_fx: cffi could not start the embedded module");
+    }
+}
+
+/* 0 when Python runs and kina_fx.ffi is attached, else KINA_STATUS_INTERNAL
+ * with kina_last_error set.  Shared by every export. */
+static int32_t kina__ensure_python(void)
+{
+    pthread_once(&kina__once, kina__init_once);
+    if (kina__init_status != KINA_STATUS_SUCCESS) {
+        kina__errorf("%s", kina__init_message);
+        return kina__init_status;
+    }
+    return KINA_STATUS_SUCCESS;
+}
+
+/* ---- the exports ----------------------------------------------------------- */
+
+#define KINA_DEFINE_EXPORT(name, pyname, params, args) \
+    static int32_t pyname params;                        \
+    KINA_API int32_t name params                         \
+    {                                                    \
+        int32_t status_ = kina__ensure_python();         \
+        if (status_ != KINA_STATUS_SUCCESS)              \
+            return status_;                              \
+        return pyname args;                              \
+    }
+
+KINA_EXPORTS(KINA_DEFINE_EXPORT)
+
+/* The Python names of the callbacks, for kina_fx.ffi.attach() to check that
+ * every one is attached. */
+#define KINA_NAME_OF(name, pyname, params, args) #pyname,
+static const char *const kina__callback_names[] = {KINA_EXPORTS(KINA_NAME_OF) NULL};
+
+static const char *kina__callback_name(int i)
+{
+    int n = (int)(sizeof kina__callback_names / sizeof kina__callback_names[0]) - 1;
+    return (i >= 0 && i < n) ? kina__callback_names[i] : NULL;
+}

@@ -1,0 +1,326 @@
+"""MLIR memref descriptors <-> NumPy/CuPy views, zero-copy.
+
+An unranked memref arrives from C as a pointer to ``{int64 rank; void
+*descriptor}``; ``descriptor`` points to ``{T *allocated; T *aligned; int64
+offset; int64 sizes[rank]; int64 strides[rank]}`` (strides in elements).  Every
+field is eight bytes on the 64-bit platforms we support, so a descriptor is
+``3 + 2 * rank`` int64 words and is read in one copy.
+
+One function per conversion:
+
+* :func:`read_descriptor` -- unranked pointer -> validated :class:`Descriptor`
+* :func:`numpy_view`      -- Descriptor -> NumPy array over the same memory
+* :func:`cupy_view`       -- Descriptor -> CuPy array over the same device memory
+* :func:`host_staged`     -- Descriptor -> CuPy copy of host memory + write-back
+* :func:`write_allocation`-- fill a descriptor in place for a new buffer
+* :func:`from_numpy`      -- NumPy array -> unranked memref (for Python callers/tests)
+
+plus :func:`cached_numpy_view`, the hot path of the C exports: the view for a
+descriptor's exact bytes is memoised, because building an ndarray costs several
+microseconds while a 2x2 matmul costs about one.  A view is a pure function of
+those bytes (address, shape, strides, dtype), so a cached view is the same
+object one would build again; caches are dropped whenever the runtime allocates
+or frees (:func:`clear_caches`).
+
+Pointers given to these functions may be cdata of any cffi FFI instance (the
+embedded library's or this module's) or plain integer addresses.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import cffi
+import numpy as np
+
+from .errors import KinaTypeError, ResourceError, ValidationError
+
+ffi = cffi.FFI()
+ffi.cdef("typedef struct { int64_t rank; void *descriptor; } kina_unranked_memref_t;")
+
+#: Largest accepted rank (kina_fx.h: KINA_MAX_RANK); NumPy supports at least 32 dims.
+MAX_RANK = 32
+#: Element sizes ``runtime_gpu_alloc_unranked`` accepts.
+ELEMENT_SIZES = (2, 4, 8)
+#: Byte size of a rank-r descriptor, by rank.
+DESCRIPTOR_BYTES = tuple(8 * (3 + 2 * r) for r in range(MAX_RANK + 1))
+#: Alignment of buffers the runtime allocates (one cache line / AVX-512 vector).
+ALIGNMENT = 64
+
+_INT64_MAX = (1 << 63) - 1
+_ADDR_LIMIT = 1 << 64
+
+
+class Descriptor(NamedTuple):
+    """A decoded ranked descriptor (addresses as ints, strides in elements)."""
+
+    rank: int
+    allocated: int
+    aligned: int
+    offset: int
+    sizes: tuple
+    strides: tuple
+
+    def nbytes_needed(self, itemsize: int) -> int:
+        """Bytes a dense row-major buffer of these sizes needs."""
+        n = 1
+        for s in self.sizes:
+            n *= s
+        return n * itemsize
+
+
+def _as_unranked(ptr, name):
+    if isinstance(ptr, int):
+        ptr = ffi.cast("kina_unranked_memref_t *", ptr)
+    if not ptr:
+        raise ValidationError(f"{name}: null memref pointer")
+    return ptr
+
+
+def _checked_rank(p, name) -> int:
+    rank = p.rank
+    if not 0 <= rank <= MAX_RANK:
+        raise ValidationError(f"{name}: rank {rank} out of range [0, {MAX_RANK}]")
+    return rank
+
+
+def _decode(rank: int, raw: bytes, name: str) -> Descriptor:
+    words = np.frombuffer(raw, dtype=np.int64).tolist()
+    sizes = tuple(words[3:3 + rank])
+    strides = tuple(words[3 + rank:3 + 2 * rank])
+    for i, s in enumerate(sizes):
+        if s < 0:
+            raise ValidationError(f"{name}: negative size {s} in dimension {i}")
+    return Descriptor(rank, words[0] % _ADDR_LIMIT, words[1] % _ADDR_LIMIT, words[2],
+                      sizes, strides)
+
+
+def read_descriptor(ptr, name: str = "memref") -> Descriptor:
+    """Validate and decode an unranked memref: null pointers, rank range, sizes.
+
+    Raises ValidationError before reading anything a bad rank would put out of
+    bounds.
+    """
+    p = _as_unranked(ptr, name)
+    rank = _checked_rank(p, name)
+    desc = p.descriptor
+    if not desc:
+        raise ValidationError(f"{name}: null descriptor pointer")
+    return _decode(rank, ffi.buffer(desc, DESCRIPTOR_BYTES[rank])[:], name)
+
+
+def _extent(d: Descriptor, itemsize: int, name: str):
+    """(lowest byte address, span in bytes, byte offset of element 0) of the view."""
+    if any(s == 0 for s in d.sizes):
+        return None
+    if d.aligned == 0:
+        raise ValidationError(f"{name}: null data pointer for a non-empty memref")
+    low = high = d.offset
+    for size, stride in zip(d.sizes, d.strides):
+        step = (size - 1) * stride
+        if step < 0:
+            low += step
+        else:
+            high += step
+    lo_addr = d.aligned + low * itemsize
+    hi_addr = d.aligned + (high + 1) * itemsize
+    if lo_addr < 0 or hi_addr > _ADDR_LIMIT or abs(low) > _INT64_MAX or high > _INT64_MAX:
+        raise ValidationError(f"{name}: offset/strides address memory outside the address space")
+    return lo_addr, hi_addr - lo_addr, (d.aligned + d.offset * itemsize) - lo_addr
+
+
+def numpy_view(d: Descriptor, dtype, name: str = "memref") -> np.ndarray:
+    """A writable NumPy array over the descriptor's memory (no copy).
+
+    Honours any offset and strides, negative or zero included.  The view does
+    not own the memory: it must not outlive the C call that lent it.
+    """
+    dtype = np.dtype(dtype)
+    ext = _extent(d, dtype.itemsize, name)
+    if ext is None:
+        return np.empty(d.sizes, dtype)
+    lo, span, start = ext
+    strides = tuple(s * dtype.itemsize for s in d.strides)
+    buf = ffi.buffer(ffi.cast("char *", lo), span)
+    return np.ndarray(d.sizes, dtype, buf, start, strides)
+
+
+def _is_device_pointer(cp, address: int) -> bool:
+    try:
+        attrs = cp.cuda.runtime.pointerGetAttributes(address)
+    except Exception:
+        return False
+    # cudaMemoryTypeDevice = 2, cudaMemoryTypeManaged = 3
+    return getattr(attrs, "type", 0) in (2, 3)
+
+
+def cupy_view(d: Descriptor, dtype, cp, name: str = "memref"):
+    """A CuPy array over the descriptor's device or managed memory (no copy).
+
+    Returns None when the memory is plain host memory that the device cannot
+    address; :func:`host_staged` handles that case.
+    """
+    dtype = np.dtype(dtype)
+    ext = _extent(d, dtype.itemsize, name)
+    if ext is None:
+        return cp.empty(d.sizes, dtype)
+    lo, span, start = ext
+    if not _is_device_pointer(cp, lo):
+        return None
+    mem = cp.cuda.UnownedMemory(lo, span, None)
+    ptr = cp.cuda.MemoryPointer(mem, start)
+    strides = tuple(s * dtype.itemsize for s in d.strides)
+    return cp.ndarray(d.sizes, dtype, ptr, strides)
+
+
+def host_staged(d: Descriptor, dtype, cp, name: str = "memref"):
+    """A device copy of host memory and a function that writes it back.
+
+    Used on the CUDA backend for operands the device cannot address (a host's
+    stack or malloc memory): inputs are copied in, outputs copied back after
+    the op by calling the returned function.
+    """
+    host = numpy_view(d, dtype, name)
+    dev = cp.asarray(host)
+
+    def write_back():
+        host[...] = cp.asnumpy(dev)
+
+    return dev, write_back
+
+
+def write_allocation(ptr, address: int, element_size: int, name: str = "memref") -> Descriptor:
+    """Point an existing descriptor at a new row-major buffer, in place.
+
+    Writes allocated = aligned = ``address``, offset 0 and row-major strides
+    into the nested descriptor the unranked pointer refers to: the ``{rank,
+    descriptor}`` struct itself is the caller's per-call temporary, so only the
+    nested descriptor's update is seen by an MLIR host.
+    """
+    p = _as_unranked(ptr, name)
+    rank = _checked_rank(p, name)
+    if not p.descriptor:
+        raise ValidationError(f"{name}: null descriptor pointer")
+    words = ffi.cast("int64_t *", p.descriptor)
+    sizes = [words[3 + i] for i in range(rank)]
+    stride = 1
+    for i in reversed(range(rank)):
+        words[3 + rank + i] = stride
+        stride *= max(sizes[i], 1)
+    words[0] = address
+    words[1] = address
+    words[2] = 0
+    return read_descriptor(p, name)
+
+
+def allocation_bytes(ptr, element_size: int, name: str = "memref") -> int:
+    """Bytes ``runtime_gpu_alloc_unranked`` must allocate for this descriptor.
+
+    Validates element_size (KinaTypeError unless 2, 4 or 8), the sizes
+    (ValidationError if negative) and overflow (ResourceError).
+    """
+    if element_size not in ELEMENT_SIZES:
+        raise KinaTypeError(f"element_size must be 2, 4 or 8, not {element_size}")
+    d = read_descriptor(ptr, name)
+    n = d.nbytes_needed(element_size)
+    if n > _INT64_MAX:
+        raise ResourceError(f"{name}: {d.sizes} x {element_size} bytes overflows 64 bits")
+    return n
+
+
+# ---- the hot path ----------------------------------------------------------
+
+_CACHE_LIMIT = 4096
+_caches: dict = {}
+
+
+def clear_caches() -> None:
+    """Forget every memoised view (called when the runtime allocates or frees)."""
+    _caches.clear()
+
+
+def cached_numpy_view(ptr, dtype, name: str = "memref", output: bool = False) -> np.ndarray:
+    """:func:`read_descriptor` + :func:`numpy_view`, memoised on the descriptor's bytes.
+
+    ``output=True`` also rejects layouts where distinct indices share an element
+    (a zero stride on a dimension longer than one): writing them is undefined.
+    """
+    if not ptr:
+        raise ValidationError(f"{name}: null memref pointer")
+    rank = ptr.rank
+    if not 0 <= rank <= MAX_RANK:
+        raise ValidationError(f"{name}: rank {rank} out of range [0, {MAX_RANK}]")
+    desc = ptr.descriptor
+    if not desc:
+        raise ValidationError(f"{name}: null descriptor pointer")
+    raw = ffi.buffer(desc, DESCRIPTOR_BYTES[rank])[:]
+    cache = _caches.get((dtype, output))
+    if cache is None:
+        cache = _caches[(dtype, output)] = {}
+    view = cache.get(raw)
+    if view is None:
+        d = _decode(rank, raw, name)
+        if output:
+            check_output_layout(d, name)
+        view = numpy_view(d, dtype, name)
+        if len(cache) >= _CACHE_LIMIT:
+            cache.clear()
+        cache[raw] = view
+    return view
+
+
+def check_output_layout(d: Descriptor, name: str = "out") -> None:
+    """ValidationError if two indices of ``d`` address the same element."""
+    if any(size == 0 for size in d.sizes):
+        return
+    for i, (size, stride) in enumerate(zip(d.sizes, d.strides)):
+        if stride == 0 and size > 1:
+            raise ValidationError(f"{name}: stride 0 in dimension {i} of size {size} "
+                                  "makes elements alias; outputs need distinct elements")
+
+
+# ---- Python -> memref (callers written in Python, tests) ---------------------
+
+class UnrankedMemref:
+    """An unranked memref over a NumPy array, for calling the C exports from Python.
+
+    Keeps the array and both C structs alive; ``pointer`` is what a C export takes.
+    """
+
+    def __init__(self, array: np.ndarray | None, rank: int, words: list):
+        self.array = array
+        self.words = ffi.new("int64_t[]", max(len(words), 1))
+        for i, w in enumerate(words):
+            self.words[i] = w
+        self.struct = ffi.new("kina_unranked_memref_t *", {"rank": rank, "descriptor": self.words})
+        self.pointer = self.struct
+
+    @property
+    def address(self) -> int:
+        return int(ffi.cast("intptr_t", self.struct))
+
+    def descriptor(self) -> Descriptor:
+        return read_descriptor(self.struct)
+
+
+def from_numpy(array: np.ndarray, offset_elements: int = 0) -> UnrankedMemref:
+    """The unranked memref MLIR would pass for ``array`` (zero-copy, any strides).
+
+    The data starts at the array's first element: ``aligned`` is placed
+    ``offset_elements`` items before it and ``offset`` says so (to exercise
+    non-zero offsets).  Byte strides must be multiples of the item size
+    (memref strides count elements).
+    """
+    item = array.dtype.itemsize
+    for s in array.strides:
+        if s % item:
+            raise ValidationError(f"stride {s} is not a multiple of the item size {item}")
+    address = array.__array_interface__["data"][0]
+    base = address - offset_elements * item
+    words = [base, base, offset_elements, *array.shape, *(s // item for s in array.strides)]
+    return UnrankedMemref(array, array.ndim, words)
+
+
+def empty_descriptor(sizes) -> UnrankedMemref:
+    """A descriptor with sizes but no storage: what an MLIR host passes to alloc."""
+    sizes = list(sizes)
+    return UnrankedMemref(None, len(sizes), [0, 0, 0, *sizes, *([0] * len(sizes))])
