@@ -30,6 +30,11 @@ I64 = np.dtype(np.int64)
 
 _lib = None  # the embedded module's lib, once attached
 
+# Memoised descriptor -> view caches of the CPU path, one per dtype and role.
+_VIEWS = {(dt, out): memref.ViewCache(dt, out) for dt in (F32, F16, I64) for out in (False, True)}
+_F32_IN = _VIEWS[(F32, False)].view
+_F32_OUT = _VIEWS[(F32, True)].view
+
 
 # ---- error translation -----------------------------------------------------------
 
@@ -84,7 +89,7 @@ class _Operands:
 
     def get(self, ptr, dtype, name, output=False):
         if self.xp is np:
-            return memref.cached_numpy_view(ptr, dtype, name, output)
+            return _VIEWS[(dtype, output)].view(ptr, name)
         d = memref.read_descriptor(ptr, name)
         if output:
             memref.check_output_layout(d, name)
@@ -130,9 +135,7 @@ def kina_py_copy_to_host_f32(dst, src):
 
 def kina_py_gpu_matmul_f32(out, a, b):
     if gpu_ops.device() == "cpu":  # the fast path: cached views, no _Operands object
-        o = memref.cached_numpy_view(out, F32, "out", True)
-        gpu_ops.matmul(memref.cached_numpy_view(a, F32, "a"),
-                       memref.cached_numpy_view(b, F32, "b"), o)
+        gpu_ops.matmul(_F32_IN(a, "a"), _F32_IN(b, "b"), _F32_OUT(out, "out"))
         return 0
     ops = _Operands()
     o = ops.get(out, F32, "out", output=True)

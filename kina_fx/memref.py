@@ -230,42 +230,58 @@ def allocation_bytes(ptr, element_size: int, name: str = "memref") -> int:
 # ---- the hot path ----------------------------------------------------------
 
 _CACHE_LIMIT = 4096
-_caches: dict = {}
+_caches: list = []
 
 
 def clear_caches() -> None:
     """Forget every memoised view (called when the runtime allocates or frees)."""
-    _caches.clear()
+    for views in _caches:
+        views.clear()
 
 
-def cached_numpy_view(ptr, dtype, name: str = "memref", output: bool = False) -> np.ndarray:
+class ViewCache:
     """:func:`read_descriptor` + :func:`numpy_view`, memoised on the descriptor's bytes.
 
-    ``output=True`` also rejects layouts where distinct indices share an element
-    (a zero stride on a dimension longer than one): writing them is undefined.
+    One cache per (dtype, role).  ``output=True`` also rejects layouts where
+    distinct indices share an element (a zero stride on a dimension longer
+    than one): writing through them is undefined.
     """
-    if not ptr:
-        raise ValidationError(f"{name}: null memref pointer")
-    rank = ptr.rank
-    if not 0 <= rank <= MAX_RANK:
-        raise ValidationError(f"{name}: rank {rank} out of range [0, {MAX_RANK}]")
-    desc = ptr.descriptor
-    if not desc:
-        raise ValidationError(f"{name}: null descriptor pointer")
-    raw = ffi.buffer(desc, DESCRIPTOR_BYTES[rank])[:]
-    cache = _caches.get((dtype, output))
-    if cache is None:
-        cache = _caches[(dtype, output)] = {}
-    view = cache.get(raw)
-    if view is None:
+
+    __slots__ = ("dtype", "output", "views")
+
+    def __init__(self, dtype, output: bool = False):
+        self.dtype = np.dtype(dtype)
+        self.output = output
+        self.views: dict = {}
+        _caches.append(self.views)
+
+    def view(self, ptr, name: str = "memref") -> np.ndarray:
+        if not ptr:
+            raise ValidationError(f"{name}: null memref pointer")
+        rank = ptr.rank
+        if not 0 <= rank <= MAX_RANK:
+            raise ValidationError(f"{name}: rank {rank} out of range [0, {MAX_RANK}]")
+        desc = ptr.descriptor
+        if not desc:
+            raise ValidationError(f"{name}: null descriptor pointer")
+        raw = _buffer(desc, DESCRIPTOR_BYTES[rank])[:]
+        view = self.views.get(raw)
+        if view is None:
+            view = self._miss(rank, raw, name)
+        return view
+
+    def _miss(self, rank, raw, name):
         d = _decode(rank, raw, name)
-        if output:
+        if self.output:
             check_output_layout(d, name)
-        view = numpy_view(d, dtype, name)
-        if len(cache) >= _CACHE_LIMIT:
-            cache.clear()
-        cache[raw] = view
-    return view
+        view = numpy_view(d, self.dtype, name)
+        if len(self.views) >= _CACHE_LIMIT:
+            self.views.clear()
+        self.views[raw] = view
+        return view
+
+
+_buffer = ffi.buffer
 
 
 def check_output_layout(d: Descriptor, name: str = "out") -> None:
