@@ -45,6 +45,7 @@ __all__ = [
 ]
 
 _array_module = gpu_ops.array_module
+_ndarray = np.ndarray
 _new = object.__new__
 _pysum = builtins.sum
 _pymax = builtins.max
@@ -296,7 +297,8 @@ def _axis_param(axis):
 # * ``kernel(*arrays, *params)`` computes on raw arrays with the inputs' array
 #   module (NumPy or CuPy); it is the effect's default.
 # * ``vjp(o, g, out, args, params, ids)`` returns one cotangent per array
-#   argument (None where not needed: ``ids[k] < 0``).  ``o`` is the namespace
+#   argument (None where not needed: ``ids[k] < 0``); unary primitives have
+#   ``vjp(o, g, out, x, params)`` returning the one cotangent.  ``o`` is the namespace
 #   of operations to use: the primitives themselves (recordable: higher order)
 #   or the raw kernels (first-order fast path); the rule is written once.
 # * ``jvp(o, out, args, tangents, params)`` returns the output tangent; a
@@ -308,7 +310,7 @@ class Primitive:
 
     __slots__ = ("name", "effect", "nin", "diff", "kernel", "vjp", "jvp")
 
-    def __init__(self, name, nin, kernel, vjp, jvp, diff=None):
+    def __init__(self, name, nin, kernel, vjp, jvp, diff=None, unwraps=False):
         self.name = name
         self.effect = Effect("kina_fx.autograd." + name)
         self.nin = nin
@@ -316,7 +318,8 @@ class Primitive:
         self.kernel = kernel
         self.vjp = vjp
         self.jvp = jvp
-        self.effect.default = _make_default(kernel, nin)
+        # Kernels that strip Tensor wrappers themselves serve as the default.
+        self.effect.default = kernel if unwraps else _make_default(kernel, nin)
 
     def __repr__(self):
         return f"<Primitive {self.name}>"
@@ -346,8 +349,8 @@ def _make_default(kernel, nin):
 PRIMITIVES: dict = {}
 
 
-def _prim(name, nin, kernel, vjp, jvp, diff=None):
-    p = Primitive(name, nin, kernel, vjp, jvp, diff)
+def _prim(name, nin, kernel, vjp, jvp, diff=None, unwraps=False):
+    p = Primitive(name, nin, kernel, vjp, jvp, diff, unwraps)
     PRIMITIVES[name] = p
     return p
 
@@ -385,6 +388,10 @@ def _xp_of(*arrays):
 
 # add
 def _add_k(a, b):
+    if a.__class__ is Tensor:
+        a = _raw(a)
+    if b.__class__ is Tensor:
+        b = _raw(b)
     return a + b
 
 
@@ -403,11 +410,15 @@ def _add_jvp(o, out, args, ts, params):
     return _bcast(o, o.add(ta, tb), out.shape)
 
 
-_ADD = _prim("add", 2, _add_k, _add_vjp, _add_jvp).effect
+_ADD = _prim("add", 2, _add_k, _add_vjp, _add_jvp, unwraps=True).effect
 
 
 # sub
 def _sub_k(a, b):
+    if a.__class__ is Tensor:
+        a = _raw(a)
+    if b.__class__ is Tensor:
+        b = _raw(b)
     return a - b
 
 
@@ -426,11 +437,15 @@ def _sub_jvp(o, out, args, ts, params):
     return _bcast(o, o.sub(ta, tb), out.shape)
 
 
-_SUB = _prim("sub", 2, _sub_k, _sub_vjp, _sub_jvp).effect
+_SUB = _prim("sub", 2, _sub_k, _sub_vjp, _sub_jvp, unwraps=True).effect
 
 
 # mul
 def _mul_k(a, b):
+    if a.__class__ is Tensor:
+        a = _raw(a)
+    if b.__class__ is Tensor:
+        b = _raw(b)
     return a * b
 
 
@@ -451,11 +466,15 @@ def _mul_jvp(o, out, args, ts, params):
     return _bcast(o, r, out.shape)
 
 
-_MUL = _prim("mul", 2, _mul_k, _mul_vjp, _mul_jvp).effect
+_MUL = _prim("mul", 2, _mul_k, _mul_vjp, _mul_jvp, unwraps=True).effect
 
 
 # div
 def _div_k(a, b):
+    if a.__class__ is Tensor:
+        a = _raw(a)
+    if b.__class__ is Tensor:
+        b = _raw(b)
     return a / b
 
 
@@ -477,11 +496,15 @@ def _div_jvp(o, out, args, ts, params):
     return _bcast(o, r, out.shape)
 
 
-_DIV = _prim("div", 2, _div_k, _div_vjp, _div_jvp).effect
+_DIV = _prim("div", 2, _div_k, _div_vjp, _div_jvp, unwraps=True).effect
 
 
 # pow
 def _pow_k(x, p):
+    if x.__class__ is Tensor:
+        x = _raw(x)
+    if p.__class__ is Tensor:
+        p = _raw(p)
     return x ** p
 
 
@@ -516,94 +539,130 @@ def _pow_jvp(o, out, args, ts, params):
     return _bcast(o, r, out.shape)
 
 
-_POW = _prim("pow", 2, _pow_k, _pow_vjp, _pow_jvp).effect
+_POW = _prim("pow", 2, _pow_k, _pow_vjp, _pow_jvp, unwraps=True).effect
 
 
 # neg
 def _neg_k(x):
+    if x.__class__ is Tensor:
+        x = _raw(x)
     return -x
 
 
-def _neg_vjp(o, g, out, args, params, ids):
-    return (o.neg(g),)
+def _neg_vjp(o, g, out, x, params):
+    return o.neg(g)
 
 
 def _neg_jvp(o, out, args, ts, params):
     return o.neg(ts[0])
 
 
-_NEG = _prim("neg", 1, _neg_k, _neg_vjp, _neg_jvp).effect
+_NEG = _prim("neg", 1, _neg_k, _neg_vjp, _neg_jvp, unwraps=True).effect
 
 
 # exp
 def _exp_k(x):
-    return _array_module(x).exp(x)
+    if x.__class__ is Tensor:
+        x = _raw(x)
+    return (np if x.__class__ is _ndarray else _array_module(x)).exp(x)
 
 
-def _exp_vjp(o, g, out, args, params, ids):
-    return (o.mul(g, out),)
+def _exp_vjp(o, g, out, x, params):
+    return o.mul(g, out)
 
 
 def _exp_jvp(o, out, args, ts, params):
     return o.mul(ts[0], out)
 
 
-_EXP = _prim("exp", 1, _exp_k, _exp_vjp, _exp_jvp).effect
+_EXP = _prim("exp", 1, _exp_k, _exp_vjp, _exp_jvp, unwraps=True).effect
 
 
 # log
 def _log_k(x):
-    return _array_module(x).log(x)
+    if x.__class__ is Tensor:
+        x = _raw(x)
+    return (np if x.__class__ is _ndarray else _array_module(x)).log(x)
 
 
-def _log_vjp(o, g, out, args, params, ids):
-    return (o.div(g, args[0]),)
+def _log_vjp(o, g, out, x, params):
+    return o.div(g, x)
 
 
 def _log_jvp(o, out, args, ts, params):
     return o.div(ts[0], args[0])
 
 
-_LOG = _prim("log", 1, _log_k, _log_vjp, _log_jvp).effect
+_LOG = _prim("log", 1, _log_k, _log_vjp, _log_jvp, unwraps=True).effect
 
 
 # tanh
 def _tanh_k(x):
-    return _array_module(x).tanh(x)
+    if x.__class__ is Tensor:
+        x = _raw(x)
+    return (np if x.__class__ is _ndarray else _array_module(x)).tanh(x)
 
 
-def _tanh_vjp(o, g, out, args, params, ids):
-    return (o.mul(g, o.sub(1.0, o.mul(out, out))),)
+def _tanh_vjp(o, g, out, x, params):
+    return o.mul(g, o.sub(1.0, o.mul(out, out)))
 
 
 def _tanh_jvp(o, out, args, ts, params):
     return o.mul(ts[0], o.sub(1.0, o.mul(out, out)))
 
 
-_TANH = _prim("tanh", 1, _tanh_k, _tanh_vjp, _tanh_jvp).effect
+_TANH = _prim("tanh", 1, _tanh_k, _tanh_vjp, _tanh_jvp, unwraps=True).effect
 
 
 # sigmoid
 def _sigmoid_k(x):
-    xp = _array_module(x)
-    # 0.5 * (1 + tanh(x/2)): no overflow for large |x|, one transcendental.
+    if x.__class__ is Tensor:
+        x = _raw(x)
+    xp = np if x.__class__ is _ndarray else _array_module(x)
+    expit = _expit(xp)
+    if expit is not None:
+        return expit(x)
+    # 0.5 * (1 + tanh(x/2)): no overflow for large |x|.
     return 0.5 + 0.5 * xp.tanh(0.5 * x)
 
 
-def _sigmoid_vjp(o, g, out, args, params, ids):
-    return (o.mul(g, o.mul(out, o.sub(1.0, out))),)
+_expit_cache = {}
+
+
+def _expit(xp):
+    """SciPy's (or CuPy's) one-kernel logistic function when installed, else None."""
+    try:
+        return _expit_cache[xp]
+    except KeyError:
+        pass
+    fn = None
+    try:
+        if xp is np:
+            from scipy.special import expit as fn
+        else:
+            from cupyx.scipy.special import expit as fn
+    except Exception:
+        fn = None
+    _expit_cache[xp] = fn
+    return fn
+
+
+def _sigmoid_vjp(o, g, out, x, params):
+    return o.mul(g, o.mul(out, o.sub(1.0, out)))
 
 
 def _sigmoid_jvp(o, out, args, ts, params):
     return o.mul(ts[0], o.mul(out, o.sub(1.0, out)))
 
 
-_SIGMOID = _prim("sigmoid", 1, _sigmoid_k, _sigmoid_vjp, _sigmoid_jvp).effect
+_SIGMOID = _prim("sigmoid", 1, _sigmoid_k, _sigmoid_vjp, _sigmoid_jvp, unwraps=True).effect
 
 
 # relu
 def _relu_k(x):
-    return _array_module(x).maximum(x, 0)
+    if x.__class__ is Tensor:
+        x = _raw(x)
+    return (np if x.__class__ is _ndarray else _array_module(x)).maximum(x, 0)
 
 
 def _relu_mask(x):
@@ -611,15 +670,15 @@ def _relu_mask(x):
     return _raw(x) > 0
 
 
-def _relu_vjp(o, g, out, args, params, ids):
-    return (o.mul(g, _relu_mask(args[0])),)
+def _relu_vjp(o, g, out, x, params):
+    return o.mul(g, _relu_mask(x))
 
 
 def _relu_jvp(o, out, args, ts, params):
     return o.mul(ts[0], _relu_mask(args[0]))
 
 
-_RELU = _prim("relu", 1, _relu_k, _relu_vjp, _relu_jvp).effect
+_RELU = _prim("relu", 1, _relu_k, _relu_vjp, _relu_jvp, unwraps=True).effect
 
 
 # cast
@@ -627,8 +686,8 @@ def _cast_k(x, dtype):
     return x.astype(dtype) if hasattr(x, "astype") else np.asarray(x, dtype=dtype)
 
 
-def _cast_vjp(o, g, out, args, params, ids):
-    return (o.cast(g, args[0].dtype),)
+def _cast_vjp(o, g, out, x, params):
+    return o.cast(g, x.dtype)
 
 
 def _cast_jvp(o, out, args, ts, params):
@@ -706,8 +765,8 @@ def _expand_back(o, g, shape, axis, keepdims):
     return o.broadcast_to(g, shape)
 
 
-def _sum_vjp(o, g, out, args, params, ids):
-    return (_expand_back(o, g, args[0].shape, *params),)
+def _sum_vjp(o, g, out, x, params):
+    return _expand_back(o, g, x.shape, *params)
 
 
 def _sum_jvp(o, out, args, ts, params):
@@ -726,9 +785,9 @@ def _mean_k(x, axis, keepdims):
     return _array_module(x).mean(x, axis=axis, keepdims=keepdims)
 
 
-def _mean_vjp(o, g, out, args, params, ids):
-    shape = args[0].shape
-    return (o.div(_expand_back(o, g, shape, *params), _count(shape, params[0])),)
+def _mean_vjp(o, g, out, x, params):
+    shape = x.shape
+    return o.div(_expand_back(o, g, shape, *params), _count(shape, params[0]))
 
 
 def _mean_jvp(o, out, args, ts, params):
@@ -755,10 +814,9 @@ def _max_weights(x, out, axis, keepdims):
     return mask / mask.sum(axis=axis, keepdims=True)
 
 
-def _max_vjp(o, g, out, args, params, ids):
-    x = args[0]
+def _max_vjp(o, g, out, x, params):
     w = _max_weights(x, out, *params)
-    return (o.mul(_expand_back(o, g, x.shape, *params), w),)
+    return o.mul(_expand_back(o, g, x.shape, *params), w)
 
 
 def _max_jvp(o, out, args, ts, params):
@@ -774,8 +832,8 @@ def _reshape_k(x, shape):
     return _array_module(x).reshape(x, shape)
 
 
-def _reshape_vjp(o, g, out, args, params, ids):
-    return (o.reshape(g, args[0].shape),)
+def _reshape_vjp(o, g, out, x, params):
+    return o.reshape(g, x.shape)
 
 
 def _reshape_jvp(o, out, args, ts, params):
@@ -790,10 +848,10 @@ def _transpose_k(x, axes):
     return _array_module(x).transpose(x, axes)
 
 
-def _transpose_vjp(o, g, out, args, params, ids):
+def _transpose_vjp(o, g, out, x, params):
     axes = params[0]
     inv = None if axes is None else tuple(np.argsort(axes))
-    return (o.transpose(g, inv),)
+    return o.transpose(g, inv)
 
 
 def _transpose_jvp(o, out, args, ts, params):
@@ -808,8 +866,8 @@ def _broadcast_to_k(x, shape):
     return _array_module(x).broadcast_to(x, shape)
 
 
-def _broadcast_to_vjp(o, g, out, args, params, ids):
-    return (_unbroadcast(o, g, args[0].shape),)
+def _broadcast_to_vjp(o, g, out, x, params):
+    return _unbroadcast(o, g, x.shape)
 
 
 def _broadcast_to_jvp(o, out, args, ts, params):
@@ -825,8 +883,8 @@ def _getitem_k(x, index):
     return x[index]
 
 
-def _getitem_vjp(o, g, out, args, params, ids):
-    return (o.index_add(g, params[0], args[0].shape),)
+def _getitem_vjp(o, g, out, x, params):
+    return o.index_add(g, params[0], x.shape)
 
 
 def _getitem_jvp(o, out, args, ts, params):
@@ -848,8 +906,8 @@ def _index_add_k(g, index, shape):
     return z
 
 
-def _index_add_vjp(o, g, out, args, params, ids):
-    return (o.getitem(g, params[0]),)
+def _index_add_vjp(o, g, out, x, params):
+    return o.getitem(g, params[0])
 
 
 def _index_add_jvp(o, out, args, ts, params):
@@ -881,9 +939,9 @@ def _softmax_k(x, axis):
     return gpu_ops.softmax(x, axis)
 
 
-def _softmax_vjp(o, g, out, args, params, ids):
+def _softmax_vjp(o, g, out, x, params):
     gy = o.mul(g, out)
-    return (o.sub(gy, o.mul(out, o.sum(gy, params[0], True))),)
+    return o.sub(gy, o.mul(out, o.sum(gy, params[0], True)))
 
 
 def _softmax_jvp(o, out, args, ts, params):
@@ -898,8 +956,8 @@ def _log_softmax_k(x, axis):
     return gpu_ops.log_softmax(x, axis)
 
 
-def _log_softmax_vjp(o, g, out, args, params, ids):
-    return (o.sub(g, o.mul(o.exp(out), o.sum(g, params[0], True))),)
+def _log_softmax_vjp(o, g, out, x, params):
+    return o.sub(g, o.mul(o.exp(out), o.sum(g, params[0], True)))
 
 
 def _log_softmax_jvp(o, out, args, ts, params):
@@ -953,12 +1011,12 @@ def _repeat_interleave_k(x, repeats, axis):
     return gpu_ops.repeat_interleave(x, repeats, axis)
 
 
-def _repeat_interleave_vjp(o, g, out, args, params, ids):
+def _repeat_interleave_vjp(o, g, out, x, params):
     repeats, axis = params
-    shape = args[0].shape
+    shape = x.shape
     ax = gpu_ops.normalize_axis(axis, len(shape))
     g = o.reshape(g, shape[:ax] + (shape[ax], repeats) + shape[ax + 1:])
-    return (o.sum(g, ax + 1, False),)
+    return o.sum(g, ax + 1, False)
 
 
 def _repeat_interleave_jvp(o, out, args, ts, params):
@@ -1052,22 +1110,34 @@ class _Primitives:
 
 def add(a, b):
     """``a + b`` with NumPy broadcasting."""
-    return _out(perform(_ADD, a, b), a, b)
+    r = perform(_ADD, a, b)
+    if r.__class__ is Tensor or (a.__class__ is not Tensor and b.__class__ is not Tensor):
+        return r
+    return _plain(r)
 
 
 def sub(a, b):
     """``a - b`` with NumPy broadcasting."""
-    return _out(perform(_SUB, a, b), a, b)
+    r = perform(_SUB, a, b)
+    if r.__class__ is Tensor or (a.__class__ is not Tensor and b.__class__ is not Tensor):
+        return r
+    return _plain(r)
 
 
 def mul(a, b):
     """``a * b`` with NumPy broadcasting."""
-    return _out(perform(_MUL, a, b), a, b)
+    r = perform(_MUL, a, b)
+    if r.__class__ is Tensor or (a.__class__ is not Tensor and b.__class__ is not Tensor):
+        return r
+    return _plain(r)
 
 
 def div(a, b):
     """``a / b`` with NumPy broadcasting."""
-    return _out(perform(_DIV, a, b), a, b)
+    r = perform(_DIV, a, b)
+    if r.__class__ is Tensor or (a.__class__ is not Tensor and b.__class__ is not Tensor):
+        return r
+    return _plain(r)
 
 
 def pow(x, p):
@@ -1077,32 +1147,38 @@ def pow(x, p):
 
 def neg(x):
     """``-x``."""
-    return _out(perform(_NEG, x), x)
+    r = perform(_NEG, x)
+    return r if r.__class__ is Tensor or x.__class__ is not Tensor else _plain(r)
 
 
 def exp(x):
     """Elementwise ``e**x``."""
-    return _out(perform(_EXP, x), x)
+    r = perform(_EXP, x)
+    return r if r.__class__ is Tensor or x.__class__ is not Tensor else _plain(r)
 
 
 def log(x):
     """Elementwise natural logarithm."""
-    return _out(perform(_LOG, x), x)
+    r = perform(_LOG, x)
+    return r if r.__class__ is Tensor or x.__class__ is not Tensor else _plain(r)
 
 
 def tanh(x):
     """Elementwise hyperbolic tangent."""
-    return _out(perform(_TANH, x), x)
+    r = perform(_TANH, x)
+    return r if r.__class__ is Tensor or x.__class__ is not Tensor else _plain(r)
 
 
 def sigmoid(x):
     """Elementwise logistic function ``1 / (1 + exp(-x))``."""
-    return _out(perform(_SIGMOID, x), x)
+    r = perform(_SIGMOID, x)
+    return r if r.__class__ is Tensor or x.__class__ is not Tensor else _plain(r)
 
 
 def relu(x):
     """Elementwise ``max(x, 0)`` (gradient 0 at 0)."""
-    return _out(perform(_RELU, x), x)
+    r = perform(_RELU, x)
+    return r if r.__class__ is Tensor or x.__class__ is not Tensor else _plain(r)
 
 
 def cast(x, dtype):
@@ -1349,12 +1425,18 @@ class Tape:
         return out[0] if single else out
 
     def _backward(self, grads, o):
+        # A plain loop over the recorded nodes, newest first.  Unary nodes store
+        # their input's id as an int, the others a tuple of ids (-1: constant).
         for rule, oid, ids, args, params, out in reversed(self._nodes):
             g = grads[oid]
             if g is None:
                 continue
-            cts = rule(o, g, out, args, params, ids)
-            for j, ct in zip(ids, cts):
+            if ids.__class__ is int:
+                ct = rule(o, g, out, args, params)
+                prev = grads[ids]
+                grads[ids] = ct if prev is None else o.add(prev, ct)
+                continue
+            for j, ct in zip(ids, rule(o, g, out, args, params, ids)):
                 if j >= 0 and ct is not None:
                     prev = grads[j]
                     grads[j] = ct if prev is None else o.add(prev, ct)
@@ -1377,7 +1459,7 @@ class Tape:
             pname = _RULE_NAMES.get(rule, "?")
             lines.append(f"  op{k} [label=\"{pname}\", shape=box];")
             lines.append(f"  v{oid} [label=\"{label(out)}\", shape=ellipse];")
-            for j in ids:
+            for j in ((ids,) if ids.__class__ is int else ids):
                 if j >= 0:
                     lines.append(f"  v{j} -> op{k};")
             lines.append(f"  op{k} -> v{oid};")
@@ -1422,7 +1504,7 @@ def _tape_clause(tape, prim):
                     out = perform(eff, v, *params)
                     i = tape._n
                     tape._n = i + 1
-                    nodes.append((rule, i, (x._id,), (v,), params, out))
+                    nodes.append((rule, i, x._id, v, params, out))
                     b = _new(Tensor)
                     b._value = out
                     b._trace = tape
