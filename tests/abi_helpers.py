@@ -1,0 +1,75 @@
+"""Shared helpers for the tests that call libkina_fx.so's real exports in-process."""
+from __future__ import annotations
+
+import numpy as np
+
+from kina_fx import ffi as kffi
+from kina_fx import memref
+
+
+class Abi:
+    """The loaded library plus helpers that turn NumPy arrays into memref arguments."""
+
+    def __init__(self):
+        self.ffi, self.lib = kffi.load_library()
+        self._keep = []
+
+    def ptr(self, m):
+        """A ``kina_unranked_memref_t *`` of the library's FFI for an UnrankedMemref."""
+        if m is None:
+            return self.ffi.NULL
+        self._keep.append(m)
+        return self.ffi.cast("kina_unranked_memref_t *", m.address)
+
+    def mem(self, array, offset_elements=0):
+        return self.ptr(memref.from_numpy(array, offset_elements))
+
+    def call(self, name, *args):
+        """Call export ``name``; NumPy arrays become memrefs, None a null pointer."""
+        conv = []
+        for a in args:
+            if isinstance(a, np.ndarray):
+                conv.append(self.mem(a))
+            elif isinstance(a, memref.UnrankedMemref):
+                conv.append(self.ptr(a))
+            elif a is None:
+                conv.append(self.ffi.NULL)
+            else:
+                conv.append(a)
+        status = getattr(self.lib, name)(*conv)
+        self._keep.clear()
+        return status
+
+    def last_error(self) -> str:
+        return self.ffi.string(self.lib.kina_last_error()).decode()
+
+
+def strided(array, kind, rng=None):
+    """A non-contiguous view holding the same values as ``array``.
+
+    kind: "contiguous", "transposed" (a transposed copy transposed back),
+    "step" (every other element of a larger buffer), "reversed" (negative
+    strides on every axis), "offset" (an interior window of a larger buffer).
+    """
+    a = np.asarray(array)
+    if kind == "contiguous" or a.ndim == 0:
+        return np.array(a, order="C", copy=True)
+    if kind == "transposed":
+        return np.ascontiguousarray(a.T).T
+    if kind == "step":
+        big = np.zeros(tuple(2 * n + 1 for n in a.shape), a.dtype)
+        view = big[tuple(slice(1, 1 + 2 * n, 2) for n in a.shape)]
+        view[...] = a
+        return view
+    if kind == "reversed":
+        big = np.ascontiguousarray(a[tuple(slice(None, None, -1) for _ in a.shape)])
+        return big[tuple(slice(None, None, -1) for _ in a.shape)]
+    if kind == "offset":
+        big = np.zeros(tuple(n + 3 for n in a.shape), a.dtype)
+        view = big[tuple(slice(2, 2 + n) for n in a.shape)]
+        view[...] = a
+        return view
+    raise ValueError(kind)
+
+
+LAYOUTS = ["contiguous", "transposed", "step", "reversed", "offset"]
