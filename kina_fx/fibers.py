@@ -9,7 +9,7 @@ fiber that is waiting for this one.  Walking ``current()`` -> ``parent`` ->
 ... visits every handler in scope, innermost first; that walk is the only
 definition of "the handler stack" in kina_fx (Python and C share it).
 
-How this module keeps its promises (see docs/effects.md for the semantics):
+How this module keeps its promises (docs/effects.md has the semantics):
 
 * **Bounded C stack.**  A greenlet's C stack starts wherever it is first
   switched into.  New fibers are therefore started by a per-thread
@@ -17,32 +17,42 @@ How this module keeps its promises (see docs/effects.md for the semantics):
   the caller's stack, so nesting 100,000 handlers does not grow the C stack.
 * **Pooling.**  Creating a greenlet costs two memory system calls; finished
   fibers return their greenlet to a per-thread pool of idle *workers*.
-* **Collectable continuations.**  greenlet does not traverse suspended frames
-  for the cycle collector, so nothing on a suspended stack may refer to the
-  fiber that owns it.  Messages between fibers travel through a per-thread
-  mailbox rather than as ``switch()`` arguments, and no frame of this module
-  keeps a fiber in a local across a switch.  A fiber that nothing refers to
-  any more is unwound by greenlet (``GreenletExit``: finally blocks and
-  ``with`` exits run).
+* **Unwinding dropped chains.**  When a suspended :class:`Chain` is collected
+  without being resumed, :func:`unwind` throws :class:`Unwind` into each of
+  its fibers, innermost first, so ``finally`` blocks and ``with`` exits run;
+  the workers then return to the pool.  Messages between fibers travel through
+  a per-thread mailbox rather than as ``switch()`` arguments, so a suspended
+  frame never holds the continuation that refers to it.
 * **Threads.**  Every OS thread has its own root fiber, trampoline, pool and
   mailbox; a fiber can only be resumed from the thread that created it.
 """
 from __future__ import annotations
 
+import contextvars
+import sys
 import threading
 
 from greenlet import GreenletExit, getcurrent, greenlet
 
 from .errors import InternalError, WrongThread
 
-__all__ = ["Fiber", "Chain", "current", "new_fiber", "switch_into", "post", "suspend",
-           "RETURNED", "RAISED"]
+__all__ = ["Fiber", "Chain", "Unwind", "current", "new_fiber", "switch_into", "post",
+           "suspend", "unwind", "check_owner", "RETURNED", "RAISED"]
 
 # Kinds of message a fiber sends to the fiber that resumed it when it stops.
-# The effects layer adds its own kinds (a "performed" message); this module only
-# produces these two, when a fiber's job ends.
+# The effects layer adds its own kind (an effect was performed); this module
+# only produces these two, when a fiber's job ends.
 RETURNED = "returned"
 RAISED = "raised"
+
+# Idle workers kept per thread.  More would pin memory after a deep nesting
+# unwinds (each idle greenlet keeps a small saved stack); fewer would cost
+# greenlet creations in programs that keep many handlers alive side by side.
+POOL_LIMIT = 256
+
+
+class Unwind(GreenletExit):
+    """Thrown into the fibers of a dropped continuation to run their cleanup."""
 
 
 class Fiber:
@@ -57,11 +67,12 @@ class Fiber:
             fiber is suspended (or for a thread's root fiber).
         thread: ``threading.get_ident()`` of the owning OS thread.
         job: ``(fn, args)`` until the fiber starts, then None.
-        glet: the greenlet running the job (None until started).
+        glet: the worker greenlet running the job (None before and after).
+        unwinder: while the fiber is being unwound, the fiber to return to.
     """
 
     __slots__ = ("stack", "handler", "shallow", "parent", "thread", "job", "glet",
-                 "resume_after", "__weakref__")
+                 "unwinder", "__weakref__")
 
     def __init__(self, job=None, handler=None, shallow=False):
         self.stack = []
@@ -71,20 +82,29 @@ class Fiber:
         self.thread = threading.get_ident()
         self.job = job
         self.glet = None
-        self.resume_after = None  # only for a fiber being unwound by greenlet
-
-    @property
-    def started(self) -> bool:
-        return self.job is None
+        self.unwinder = None
 
     def __repr__(self):
-        state = "running" if self is _tls.current else (
-            "new" if self.job is not None else "suspended")
+        state = ("running" if self is local.state.current else
+                 "new" if self.job is not None else
+                 "finished" if self.glet is None else "suspended")
         return f"<Fiber {state} handler={self.handler!r} at {id(self):#x}>"
 
 
-class _ThreadState(threading.local):
+class Chain:
+    """A suspended chain of fibers ``top -> ... -> base``, resumable once."""
+
+    __slots__ = ("top", "base")
+
+    def __init__(self, top: Fiber, base: Fiber):
+        self.top = top
+        self.base = base
+
+
+class ThreadState:
     """Everything per OS thread: the running fiber, the mailbox, trampoline, pool."""
+
+    __slots__ = ("current", "mail", "outbox", "pool", "to_start", "trampoline")
 
     def __init__(self):
         root = Fiber()
@@ -97,12 +117,19 @@ class _ThreadState(threading.local):
         self.trampoline = None
 
 
-_tls = _ThreadState()
+class _Local(threading.local):
+    def __init__(self):
+        self.state = ThreadState()
+
+
+# ``local.state`` is this thread's ThreadState.  Hot paths read it once and then
+# use plain slot accesses: a threading.local attribute costs several times more.
+local = _Local()
 
 
 def current() -> Fiber:
     """The fiber running now on this thread (the thread's root fiber outside any)."""
-    return _tls.current
+    return local.state.current
 
 
 def new_fiber(fn, args=(), handler=None, shallow=False) -> Fiber:
@@ -114,6 +141,14 @@ def new_fiber(fn, args=(), handler=None, shallow=False) -> Fiber:
     return Fiber((fn, args), handler, shallow)
 
 
+def check_owner(fiber: Fiber) -> None:
+    """Raise WrongThread unless the running OS thread owns ``fiber``."""
+    if fiber.thread != threading.get_ident():
+        raise WrongThread(
+            f"this fiber belongs to OS thread {fiber.thread}; "
+            f"it cannot be used from thread {threading.get_ident()}")
+
+
 # --- switching --------------------------------------------------------------
 #
 # Two primitives move control between fibers:
@@ -123,56 +158,45 @@ def new_fiber(fn, args=(), handler=None, shallow=False) -> Fiber:
 #   post(base, message) then suspend(): the running fiber, the top of a chain
 #       ending at ``base``, detaches that chain, sends ``message`` to base's
 #       resumer and waits to be resumed.  The two steps are separate so that the
-#       caller can drop its own references to ``base`` (and to the continuation
-#       inside ``message``) before its frame is suspended.
+#       caller can drop its own reference to the continuation inside
+#       ``message`` before its frame is suspended.
 # ``send`` is (False, value) to resume with a value, (True, exc) to raise exc at
 # the suspension point; switch_into returns the message, suspend the send pair.
 
 
-class Chain:
-    """A suspended chain of fibers ``top -> ... -> base``, resumable once."""
-
-    __slots__ = ("top", "base")
-
-    def __init__(self, top: Fiber, base: Fiber):
-        self.top = top
-        self.base = base
-
-    @property
-    def consumed(self) -> bool:
-        return self.top is None
-
-
 def switch_into(chain: Chain, send):
     """Resume ``chain`` from the running fiber; return the message sent back to us."""
-    st = _tls
+    st = local.state
     me = st.current
     top = chain.top
     if top is None:
         raise InternalError("switch_into: chain already consumed")
     if top.thread != me.thread:
-        raise WrongThread(
-            "a fiber can only be resumed from the OS thread that created it "
-            f"(fiber thread {top.thread}, this thread {me.thread})")
+        check_owner(top)
     base = chain.base
     chain.top = chain.base = None
     base.parent = me
     st.mail = send
     st.current = top
-    glet = _take_worker(st) if top.job is not None else top.glet
-    top.glet = glet
+    if top.job is not None:
+        # A new fiber runs in a copy of its starter's context (like an asyncio
+        # task): context variables set inside it do not leak out.
+        glet = top.glet = _take_worker(st)
+        glet.gr_context = contextvars.copy_context()
+    else:
+        glet = top.glet
     del me, top, base, chain
     return _switch(glet)
 
 
 def post(base: Fiber, message) -> None:
     """First half of suspending: address ``message`` to the resumer of ``base``."""
-    _tls.outbox = (base, message)
+    local.state.outbox = (base, message)
 
 
 def suspend():
     """Second half: detach the running chain and deliver the posted message."""
-    st = _tls
+    st = local.state
     base, st.mail = st.outbox
     st.outbox = None
     resumer = base.parent
@@ -185,31 +209,58 @@ def suspend():
 
 def _switch(glet):
     # Switch to ``glet``; return the mailbox content once someone switches back.
-    # The only object this suspended frame keeps is ``glet`` (the target).
     try:
         glet.switch()
-    except GreenletExit:
-        # greenlet is unwinding this fiber because nothing refers to it any
-        # more.  Unwind on a detached stand-in fiber, so that effects performed
-        # by finally blocks cannot reach the handlers of unrelated fibers.
-        st = _tls
-        stand_in = Fiber()
-        stand_in.glet = getcurrent()
-        stand_in.resume_after = st.current
-        st.current = stand_in
+    except GreenletExit as exc:
+        if not isinstance(exc, Unwind):
+            # greenlet itself is killing this greenlet (its thread is gone, or
+            # an unforeseen reference cycle was collected): unwind detached.
+            _begin_unwind_here(local.state)
         raise
-    st = _tls
+    st = local.state
     mail = st.mail
     st.mail = None
     return mail
 
 
-# --- workers, pool and trampoline ------------------------------------------
+# --- unwinding ----------------------------------------------------------------
 
-# Idle workers kept per thread.  More would pin memory after a deep nesting
-# unwinds (each idle greenlet keeps a small saved stack); fewer costs greenlet
-# creations in programs that run many handlers side by side.
-POOL_LIMIT = 256
+
+def unwind(chain: Chain) -> None:
+    """Run the cleanup of a dropped, never-resumed chain, innermost fiber first.
+
+    Each suspended fiber gets :class:`Unwind` raised at its suspension point,
+    detached from every handler outside it.  Exceptions its cleanup raises are
+    reported through ``sys.unraisablehook``, as for ``__del__``.  A chain of
+    another thread cannot be entered from here; greenlet reclaims it when that
+    thread's greenlets are collected.
+    """
+    fiber, base = chain.top, chain.base
+    chain.top = chain.base = None
+    if fiber is None or fiber.thread != threading.get_ident():
+        return
+    st = local.state
+    while fiber is not None:
+        outer = None if fiber is base else fiber.parent
+        if fiber.job is None and fiber.glet is not None:
+            fiber.parent = None
+            fiber.unwinder = st.current
+            st.current = fiber
+            glet = fiber.glet
+            glet.throw(Unwind)
+            del glet
+        fiber.job = None
+        fiber = outer
+
+
+def _begin_unwind_here(st):
+    me = Fiber()
+    me.glet = getcurrent()
+    me.unwinder = st.current
+    st.current = me
+
+
+# --- workers, pool and trampoline ------------------------------------------
 
 
 def _take_worker(st) -> greenlet:
@@ -227,7 +278,7 @@ def _take_worker(st) -> greenlet:
 
 
 def _trampoline_loop():
-    st = _tls
+    st = local.state
     while True:
         glet, requester = st.to_start
         st.to_start = None
@@ -238,14 +289,9 @@ def _trampoline_loop():
 def _worker_loop(requester):
     requester.switch()           # started; now wait for the first job
     del requester
-    st = _tls
+    st = local.state
     while True:
-        try:
-            message = _run_job(st)
-        except GreenletExit:
-            # Our fiber was dropped while suspended and greenlet unwound it.
-            st.current = st.current.resume_after
-            return None
+        message = _run_job(st)
         if not _deliver_and_idle(st, message):
             return None
 
@@ -263,7 +309,11 @@ def _run_job(st):
         if args is None:         # Effect.Shallow.fiber: fn receives the start value
             return (RETURNED, fn(send[1]))
         return (RETURNED, fn(*args))
+    except Unwind:
+        return None
     except GreenletExit:
+        # greenlet is killing this worker: let it die, back on the killer.
+        st.current = st.current.unwinder
         raise
     except BaseException as exc:  # the resumer decides what a failure means
         return (RAISED, exc)
@@ -275,18 +325,28 @@ def _deliver_and_idle(st, message) -> bool:
     Returns True when the worker was handed a new job, False when it must end.
     """
     finished = st.current
-    resumer = finished.parent
-    finished.parent = None
     finished.glet = None
-    st.mail = (message[0], finished.handler, message[1])
+    if finished.unwinder is not None:
+        # Unwound (or killed by greenlet): go back to whoever unwound us.
+        if message is not None and message[0] is RAISED:
+            sys.unraisablehook(_Unraisable(message[1], finished))
+        resumer = finished.unwinder
+        finished.unwinder = None
+        st.mail = None
+    else:
+        resumer = finished.parent
+        finished.parent = None
+        st.mail = (message[0], finished.handler, message[1])
     st.current = resumer
     target = resumer.glet
     del finished, resumer, message
-    if len(st.pool) >= POOL_LIMIT:
-        # Not pooled: end this greenlet; greenlet hands control to its parent.
-        getcurrent().parent = target
-        return False
     st.pool.append(getcurrent())
+    if len(st.pool) > POOL_LIMIT:
+        # Trim the oldest idle worker: greenlet kills it right here (it ends in
+        # _deliver_and_idle below) and switches back.  Letting *this* worker end
+        # instead would need re-parenting it, and long parent chains of dead
+        # greenlets are freed recursively by greenlet (a C stack overflow).
+        del st.pool[0]
     try:
         target.switch()
     except GreenletExit:         # the idle pool is being torn down
@@ -294,9 +354,10 @@ def _deliver_and_idle(st, message) -> bool:
     return True
 
 
-def check_owner(fiber: Fiber) -> None:
-    """Raise WrongThread unless the running OS thread owns ``fiber``."""
-    if fiber.thread != threading.get_ident():
-        raise WrongThread(
-            f"this fiber belongs to OS thread {fiber.thread}; "
-            f"it cannot be used from thread {threading.get_ident()}")
+class _Unraisable:
+    """The argument sys.unraisablehook expects."""
+
+    def __init__(self, exc, obj):
+        self.exc_type, self.exc_value, self.exc_traceback = type(exc), exc, exc.__traceback__
+        self.err_msg = "Exception ignored while unwinding a dropped continuation"
+        self.object = obj

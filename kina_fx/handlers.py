@@ -34,7 +34,7 @@ import threading
 
 from . import fibers
 from .errors import ContinuationAlreadyResumed, Unhandled, ValidationError
-from .fibers import RAISED, RETURNED, Chain, _tls
+from .fibers import RAISED, RETURNED, Chain, local
 
 __all__ = ["Effect", "perform", "Handler", "Continuation", "fiber"]
 
@@ -150,7 +150,7 @@ class Handler:
     def _run_in_place(self, fn, args):
         # Without control clauses nothing can suspend to this handler, so the
         # body needs no fiber of its own: push the handler, call, pop.
-        stack = _tls.current.stack
+        stack = local.state.current.stack
         stack.append(self)
         try:
             value = fn(*args)
@@ -170,7 +170,7 @@ class Handler:
             raise ValidationError(
                 "only a handler with just 'fun' clauses can be installed with 'with'; "
                 "use handler.run(fn) for 'on', 'ret' and 'exc'")
-        _tls.current.stack.append(self)
+        local.state.current.stack.append(self)
         return self
 
     def __exit__(self, *exc_info):
@@ -183,11 +183,11 @@ class Handler:
 
 
 def _pop(entry):
-    fiber = _tls.current
+    fiber = local.state.current
     stack = fiber.stack
     if stack and stack[-1] is entry:
         stack.pop()
-    elif fiber.resume_after is None:   # a fiber being unwound may have lost its stack
+    elif fiber.unwinder is None:   # a fiber being unwound may have lost its stack
         raise ValidationError(f"{entry!r} is not the innermost handler of this fiber")
 
 
@@ -208,7 +208,7 @@ def perform(effect, *args):
     Raises :class:`Unhandled` here, at the perform site, when no handler in
     scope handles ``effect`` and it has no ``default``.
     """
-    st = _tls
+    st = local.state
     f = st.current
     i = len(f.stack) - 1
     entry = h = None
@@ -301,6 +301,10 @@ class Continuation(Chain):
         self._check(shallow=True)
         self._install(handler)
         return _resume_from(sys._getframe(1), self, (True, _as_exception(exc)))
+
+    def __del__(self):
+        if self.top is not None:
+            fibers.unwind(self)    # dropped without being used: run its cleanup
 
     @property
     def resumed(self) -> bool:
@@ -402,20 +406,25 @@ _NOT_PLAIN = 0x20 | 0x80 | 0x100 | 0x200   # generator, coroutine, iterable coro
 _tail_offsets_by_code: dict = {}
 
 
-def _tail_offsets(code):
-    offsets = _tail_offsets_by_code.get(code)
-    if offsets is None:
-        offsets = set()
-        if not code.co_flags & _NOT_PLAIN:
-            bytecode = dis.Bytecode(code)
-            guarded = [(e.start, e.end) for e in getattr(bytecode, "exception_entries", ())]
-            insts = list(bytecode)
-            for call, nxt in zip(insts, insts[1:]):
-                if (call.opname in _CALL_OPS and nxt.opname == "RETURN_VALUE"
-                        and not any(s <= call.offset < e for s, e in guarded)):
-                    offsets.update(range(call.offset, nxt.offset, 2))
-        offsets = frozenset(offsets)
-        _tail_offsets_by_code[code] = offsets
+def _tail_offsets(code) -> frozenset:
+    # Keyed by id(): hashing a code object hashes its whole bytecode.  The entry
+    # keeps the code object alive so that its id cannot be reused meanwhile.
+    entry = _tail_offsets_by_code.get(id(code))
+    if entry is not None and entry[0] is code:
+        return entry[1]
+    offsets = set()
+    if not code.co_flags & _NOT_PLAIN:
+        bytecode = dis.Bytecode(code)
+        guarded = [(e.start, e.end) for e in getattr(bytecode, "exception_entries", ())]
+        insts = list(bytecode)
+        for call, nxt in zip(insts, insts[1:]):
+            if (call.opname in _CALL_OPS and nxt.opname == "RETURN_VALUE"
+                    and not any(s <= call.offset < e for s, e in guarded)):
+                offsets.update(range(call.offset, nxt.offset, 2))
+    offsets = frozenset(offsets)
+    if len(_tail_offsets_by_code) > 4096:     # code compiled at run time (exec, eval)
+        _tail_offsets_by_code.clear()
+    _tail_offsets_by_code[id(code)] = (code, offsets)
     return offsets
 
 
