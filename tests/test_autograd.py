@@ -1,0 +1,454 @@
+"""Autograd semantics: nesting, perturbation confusion, transforms' conventions,
+the Tape API, handlers stacked around and inside tapes, and the Tensor surface."""
+import math
+
+import numpy as np
+import pytest
+
+from kina_fx import autograd as ad
+from kina_fx import gpu_ops
+from kina_fx.errors import KinaTypeError, ValidationError
+from kina_fx.handlers import Effect, Handler, perform
+
+
+# --- higher order, against closed forms --------------------------------------
+
+
+@pytest.mark.parametrize("x", [-1.3, -0.2, 0.0, 0.7, 2.1])
+def test_second_and_third_derivatives_of_scalar_functions(x):
+    t = math.tanh(x)
+    s = 1 / (1 + math.exp(-x))
+    assert ad.grad(ad.grad(ad.tanh))(x) == pytest.approx(-2 * t * (1 - t * t))
+    assert ad.grad(ad.grad(ad.grad(ad.tanh)))(x) == pytest.approx(
+        -2 * (1 - t * t) ** 2 + 4 * t * t * (1 - t * t))
+    assert ad.grad(ad.grad(ad.sigmoid))(x) == pytest.approx(s * (1 - s) * (1 - 2 * s))
+    assert ad.grad(ad.grad(ad.exp))(x) == pytest.approx(math.exp(x))
+    assert ad.grad(ad.grad(lambda v: v ** 3))(x) == pytest.approx(6 * x)
+    assert ad.grad(ad.grad(lambda v: ad.exp(v) * v * v))(x) == pytest.approx(
+        math.exp(x) * (x * x + 4 * x + 2))
+    if x > 0:
+        assert ad.grad(ad.grad(ad.log))(x) == pytest.approx(-1 / (x * x))
+        assert ad.grad(ad.grad(lambda v: v ** 2.5))(x) == pytest.approx(2.5 * 1.5 * x ** 0.5)
+
+
+def test_mixed_partials_and_argnums():
+    f = lambda x, y: x * y * y + ad.exp(x * y)           # noqa: E731
+    x, y = 0.3, -0.8
+    dfdx = ad.grad(f, argnums=0)
+    # d/dy d/dx = 2y + exp(xy) (1 + xy)
+    assert ad.grad(dfdx, argnums=1)(x, y) == pytest.approx(2 * y + math.exp(x * y) * (1 + x * y))
+    gx, gy = ad.grad(f, argnums=(0, 1))(x, y)
+    assert gx == pytest.approx(y * y + y * math.exp(x * y))
+    assert gy == pytest.approx(2 * x * y + x * math.exp(x * y))
+    # negative argnums count from the end
+    assert ad.grad(f, argnums=-1)(x, y) == pytest.approx(gy)
+
+
+def test_hessian_vector_products_jvp_of_grad_and_grad_of_grad():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(5)
+    v = rng.standard_normal(5)
+
+    def f(z):
+        return ad.sum(ad.exp(z) * z * z)
+
+    hv_closed = np.exp(x) * (x * x + 4 * x + 2) * v        # the Hessian is diagonal
+    _, hv = ad.jvp(ad.grad(f), (x,), (v,))
+    np.testing.assert_allclose(hv, hv_closed, rtol=1e-12)
+    hv2 = ad.grad(lambda z: ad.sum(ad.grad(f)(z) * v))(x)   # reverse over reverse
+    np.testing.assert_allclose(hv2, hv_closed, rtol=1e-12)
+    _, vjp_fn = ad.vjp(ad.grad(f), x)                         # reverse over reverse, vjp
+    np.testing.assert_allclose(vjp_fn(v)[0], hv_closed, rtol=1e-12)
+    g = ad.grad(lambda z: ad.jvp(f, (z,), (v,))[1])(x)       # reverse over forward
+    np.testing.assert_allclose(g, hv_closed, rtol=1e-12)
+
+
+def test_logsumexp_hessian_is_softmax_covariance():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(4)
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    closed = np.diag(p) - np.outer(p, p)
+
+    def lse(z):                                  # logsumexp(z) = z0 - log_softmax(z)[0]
+        return z[0] - ad.log_softmax(z)[0]
+
+    hess = np.stack([ad.jvp(ad.grad(lse), (x,), (e,))[1] for e in np.eye(4)])
+    np.testing.assert_allclose(hess, closed, rtol=1e-10, atol=1e-12)
+
+    def ce(z):
+        return ad.cross_entropy(z, np.array(2))
+    hess_ce = np.stack([ad.grad(lambda z: ad.sum(ad.grad(ce)(z) * e))(x) for e in np.eye(4)])
+    np.testing.assert_allclose(hess_ce, closed, rtol=1e-10, atol=1e-12)
+
+
+def test_matmul_second_derivative():
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((3, 4))
+    w = rng.standard_normal((4, 2))
+    # f(w) = sum(tanh(a @ w));  Hessian-vector product in closed form
+    v = rng.standard_normal((4, 2))
+    z = a @ w
+    t = np.tanh(z)
+    hv_closed = a.T @ (-2 * t * (1 - t * t) * (a @ v))
+    _, hv = ad.jvp(ad.grad(lambda m: ad.sum(ad.tanh(a @ m))), (w,), (v,))
+    np.testing.assert_allclose(hv, hv_closed, rtol=1e-10)
+
+
+# --- perturbation confusion ---------------------------------------------------
+
+
+def test_no_perturbation_confusion_reverse_over_reverse():
+    # d/dx [x * d/dy (x + y) at y=1] at x=1 is 1 (a shared tape gives 2).
+    def f(x):
+        return x * ad.grad(lambda y: x + y)(1.0)
+    assert ad.grad(f)(1.0) == 1.0
+
+
+def test_no_perturbation_confusion_forward_over_forward():
+    def f(x):
+        inner = ad.jvp(lambda y: x + y, (1.0,), (1.0,))[1]
+        return x * inner
+    assert ad.jvp(f, (1.0,), (1.0,))[1] == 1.0
+
+
+def test_no_perturbation_confusion_mixed_modes():
+    def f(x):
+        return x * ad.jvp(lambda y: x * y, (2.0,), (1.0,))[1]      # x * x
+    assert ad.grad(f)(3.0) == pytest.approx(6.0)
+
+    def g(x):
+        return x * ad.grad(lambda y: x * y)(2.0)                  # x * x
+    assert ad.jvp(g, (3.0,), (1.0,))[1] == pytest.approx(6.0)
+
+
+def test_each_grad_call_has_its_own_tag():
+    tags = set()
+
+    def f(x):
+        tags.add(x._trace.tag)
+        return x * x
+    g = ad.grad(f)
+    g(1.0)
+    g(2.0)
+    assert len(tags) == 2
+
+
+def test_leaked_box_of_a_finished_tape_is_seen_through():
+    leaked = []
+
+    def f(x):
+        def inner(y):
+            z = x * y
+            leaked.append(z)
+            return z
+        ad.grad(inner)(2.0)
+        # the inner tape is finished: its box now stands for its outer value x*2
+        return leaked[0] * x
+    assert ad.grad(f)(3.0) == pytest.approx(4 * 3.0)
+
+
+# --- transforms' conventions ----------------------------------------------------
+
+
+def test_kinds_of_gradients_follow_the_inputs():
+    f = lambda x: ad.sum(x * x)                           # noqa: E731
+    g = ad.grad(f)(np.arange(3.0))
+    assert type(g) is np.ndarray and g.dtype == np.float64
+    g = ad.grad(f)(ad.Tensor(np.arange(3.0)))
+    assert isinstance(g, ad.Tensor)
+    np.testing.assert_array_equal(g.numpy(), [0.0, 2.0, 4.0])
+    g = ad.grad(lambda x: x * x)(3.0)
+    assert type(g) is float and g == 6.0
+    g = ad.grad(lambda x: x * x)(3)
+    assert type(g) is float and g == 6.0
+
+
+def test_pytrees_in_and_out():
+    params = {"w": np.ones((2, 3)), "b": [np.zeros(3), (np.full(3, 2.0),)]}
+    x = np.arange(2.0)
+
+    def loss(p, x):
+        h = x @ p["w"] + p["b"][0] * p["b"][1][0]
+        return ad.sum(h * h)
+
+    g = ad.grad(loss)(params, x)
+    assert set(g) == {"w", "b"} and isinstance(g["b"], list) and isinstance(g["b"][1], tuple)
+    h = x @ params["w"]
+    np.testing.assert_allclose(g["w"], np.outer(x, 2 * h))
+    np.testing.assert_allclose(g["b"][0], 2 * h * 2.0)
+    np.testing.assert_allclose(g["b"][1][0], np.zeros(3))
+    value, (gp, gx) = ad.value_and_grad(loss, argnums=(0, 1))(params, x)
+    assert value == pytest.approx(float(np.sum(h * h)))
+    np.testing.assert_allclose(gx, params["w"] @ (2 * h))
+
+    out, vjp_fn = ad.vjp(lambda p: {"a": p["w"] * 2, "b": (ad.sum(p["w"]),)}, params)
+    assert set(out) == {"a", "b"}
+    (ct,) = vjp_fn({"a": np.ones((2, 3)), "b": (np.array(1.0),)})
+    np.testing.assert_allclose(ct["w"], np.full((2, 3), 3.0))
+    np.testing.assert_allclose(ct["b"][0], 0.0)
+
+    primal, tangent = ad.jvp(lambda p: [p["w"].sum(), p["b"][0]], (params,),
+                             ({"w": np.ones((2, 3)), "b": [np.ones(3), (np.ones(3),)]},))
+    assert isinstance(primal, list) and tangent[0] == 6.0
+    np.testing.assert_allclose(tangent[1], np.ones(3))
+
+
+def test_has_aux():
+    def f(x):
+        y = ad.sum(x * x)
+        return y, {"norm": ad.sqrt(y) if hasattr(ad, "sqrt") else y}
+    g, aux = ad.grad(f, has_aux=True)(np.array([3.0, 4.0]))
+    np.testing.assert_allclose(g, [6.0, 8.0])
+    assert float(aux["norm"]) > 0
+    (v, aux), g = ad.value_and_grad(f, has_aux=True)(np.array([3.0, 4.0]))
+    assert v == 25.0
+
+
+def test_vjp_fn_can_be_called_repeatedly_and_jvp_is_linear():
+    x = np.array([0.5, -1.0, 2.0])
+    out, vjp_fn = ad.vjp(ad.tanh, x)
+    d = 1 - np.tanh(x) ** 2
+    np.testing.assert_allclose(vjp_fn(np.ones(3))[0], d)
+    np.testing.assert_allclose(vjp_fn(2 * np.ones(3))[0], 2 * d)
+    _, t1 = ad.jvp(ad.tanh, (x,), (np.ones(3),))
+    _, t3 = ad.jvp(ad.tanh, (x,), (3 * np.ones(3),))
+    np.testing.assert_allclose(t3, 3 * t1)
+
+
+def test_grad_rejects_non_scalar_outputs_and_integer_inputs():
+    with pytest.raises(ValidationError):
+        ad.grad(lambda x: x * 2)(np.ones(3))
+    with pytest.raises(KinaTypeError):
+        ad.grad(lambda x: ad.sum(x))(np.arange(3))
+
+
+def test_output_independent_of_input_gives_zeros():
+    g = ad.grad(lambda x, y: ad.sum(y * 2.0), argnums=0)(np.ones(3, np.float32), np.ones(2))
+    assert g.dtype == np.float32
+    np.testing.assert_array_equal(g, np.zeros(3))
+
+
+def test_stop_gradient_stops_every_level():
+    assert ad.grad(lambda x: x * ad.stop_gradient(x))(3.0) == 3.0
+    # and the outer level too
+    assert ad.grad(lambda x: ad.grad(lambda y: ad.stop_gradient(x * y) * y)(1.0))(2.0) == 0.0
+    assert ad.jvp(lambda x: x * ad.stop_gradient(x), (3.0,), (1.0,))[1] == 3.0
+
+
+# --- the Tape API --------------------------------------------------------------------
+
+
+def test_tape_used_directly():
+    rng = np.random.default_rng(3)
+    w0 = rng.standard_normal((3, 2))
+    b0 = rng.standard_normal(2)
+    xs = rng.standard_normal((4, 3))
+    with ad.Tape() as t:
+        w = t.watch(w0, "w")
+        b = t.watch(b0, "b")
+        h = ad.tanh(xs @ w + b)
+        loss = ad.mean(h * h)
+    gw, gb = t.gradient(loss, [w, b])
+    dh = 2 * np.tanh(xs @ w0 + b0) / h.size * (1 - np.tanh(xs @ w0 + b0) ** 2)
+    np.testing.assert_allclose(gw, xs.T @ dh)
+    np.testing.assert_allclose(gb, dh.sum(0))
+    # a single source gives a single gradient; the tape can be asked again
+    np.testing.assert_allclose(t.gradient(loss, b), gb)
+    # with respect to an intermediate value
+    gh = t.gradient(loss, h)
+    np.testing.assert_allclose(gh, 2 * np.tanh(xs @ w0 + b0) / h.size)
+
+
+def test_tape_to_dot_draws_the_graph():
+    with ad.Tape() as t:
+        x = t.watch(np.ones(3), "x")
+        y = ad.sum(ad.exp(x) * 2.0)
+    dot = t.to_dot()
+    assert dot.startswith("digraph") and dot.rstrip().endswith("}")
+    for op in ("exp", "mul", "sum"):
+        assert f'label="{op}"' in dot
+    assert dot.count("shape=box") == 3
+    assert 'label="x' in dot
+    assert float(t.gradient(y, x).sum()) == pytest.approx(6 * math.e)
+
+
+def test_tape_ignores_values_it_does_not_own():
+    with ad.Tape() as t:
+        x = t.watch(np.array(2.0))
+        c = np.array(5.0) * np.array(3.0)       # not a box: nothing recorded
+        y = x * c
+    assert len(t._nodes) == 1
+    assert t.gradient(y, x) == 15.0
+
+
+# --- handlers stacked around and inside tapes ------------------------------------------
+
+
+def flop_counter():
+    """A handler that counts matmul FLOPs, then lets the outer handler compute."""
+    counts = {"flops": 0}
+    mm = ad.effect_of("matmul")
+
+    def count(a, b):
+        a_shape, b_shape = np.shape(ad.Tensor(a).data), np.shape(ad.Tensor(b).data)
+        counts["flops"] += 2 * int(np.prod(a_shape)) * b_shape[-1]
+        return perform(mm, a, b)
+    return Handler(fun={mm: count}), counts
+
+
+def test_flop_counter_around_a_tape():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((8, 5))
+    w = rng.standard_normal((5, 3))
+    loss = lambda w: ad.sum(ad.relu(x @ w))         # noqa: E731
+    handler, counts = flop_counter()
+    with handler:
+        g = ad.grad(loss)(w)
+    assert counts["flops"] == 2 * 8 * 5 * 3             # forward only: fast backward path
+    handler, counts = flop_counter()
+    with handler, ad.observe_backward():
+        g2 = ad.grad(loss)(w)
+    # forward x@w, backward x.T@g: the gradient w.r.t. x is not needed
+    assert counts["flops"] == 2 * (2 * 8 * 5 * 3)
+    np.testing.assert_allclose(g, g2)
+    np.testing.assert_allclose(g, x.T @ (x @ w > 0).astype(float))
+
+
+def test_op_logger_inside_a_tape_sees_boxes_and_changes_nothing():
+    log = []
+
+    def logging_handler():
+        fun = {}
+        for name, prim in ad.PRIMITIVES.items():
+            def clause(*args, _eff=prim.effect, _name=name):
+                log.append(_name)
+                return perform(_eff, *args)
+            fun[prim.effect] = clause
+        return Handler(fun=fun)
+
+    def f(x):
+        with logging_handler():
+            return ad.sum(ad.tanh(x) * x)
+    x = np.array([0.1, -0.4])
+    np.testing.assert_allclose(ad.grad(f)(x), (1 - np.tanh(x) ** 2) * x + np.tanh(x))
+    assert log == ["tanh", "mul", "sum"]
+
+
+def test_float16_cast_handler_around_a_tape():
+    mul = ad.effect_of("mul")
+
+    def half(a, b):
+        return perform(mul, ad.cast(a, np.float16), ad.cast(b, np.float16))
+    x = np.array([1.0 / 3.0, 2.0 / 3.0], dtype=np.float32)
+    with Handler(fun={mul: half}):
+        y, g = ad.value_and_grad(lambda v: ad.sum(ad.cast(v * v, np.float32)))(x)
+    assert g.dtype == np.float32
+    # the product was computed in float16: the value carries float16 rounding
+    h = x.astype(np.float16)
+    assert float(y) == pytest.approx(float(np.sum((h * h).astype(np.float32))), rel=1e-6)
+    np.testing.assert_allclose(g, 2 * x, rtol=2e-3)
+
+
+def test_primitives_without_any_tape_are_plain_numpy():
+    x = np.array([[1.0, 2.0], [3.0, 4.0]])
+    assert type(ad.exp(x)) is np.ndarray
+    np.testing.assert_allclose(ad.softmax(x), gpu_ops.softmax(x))
+    np.testing.assert_allclose(ad.gather(x, np.array([1, 1, 0])), x[[1, 1, 0]])
+    with pytest.raises(ValidationError):
+        ad.gather(x, np.array([2]))
+    assert ad.cross_entropy(x, np.array([0, 1])) == pytest.approx(
+        -np.mean(gpu_ops.log_softmax(x)[[0, 1], [0, 1]]))
+    eff = Effect("kina_fx.autograd.exp")
+    assert eff is ad.effect_of("exp")
+
+
+# --- the Tensor surface -----------------------------------------------------------------
+
+
+def test_tensor_operators_and_mixing():
+    a = ad.Tensor([[1.0, 2.0], [3.0, 4.0]])
+    n = np.array([[0.5], [2.0]])
+    assert a.shape == (2, 2) and a.dtype == np.float64 and a.ndim == 2 and len(a) == 2
+    checks = [
+        (a + n, a.numpy() + n), (n + a, n + a.numpy()), (a - 1, a.numpy() - 1),
+        (1 - a, 1 - a.numpy()), (a * n, a.numpy() * n), (2 / a, 2 / a.numpy()),
+        (a / n, a.numpy() / n), (a ** 2, a.numpy() ** 2), (2 ** a, 2 ** a.numpy()),
+        (-a, -a.numpy()), (a @ a, a.numpy() @ a.numpy()), (n.T @ a, n.T @ a.numpy()),
+        (a.T, a.numpy().T), (a[1], a.numpy()[1]), (a[:, ::-1], a.numpy()[:, ::-1]),
+        (a.sum(axis=0), a.numpy().sum(0)), (a.mean(), a.numpy().mean()),
+        (a.max(axis=-1, keepdims=True), a.numpy().max(-1, keepdims=True)),
+        (a.reshape(4), a.numpy().reshape(4)), (a.reshape(1, 4), a.numpy().reshape(1, 4)),
+        (a.exp(), np.exp(a.numpy())),
+    ]
+    for got, want in checks:
+        assert isinstance(got, ad.Tensor)
+        np.testing.assert_allclose(got.numpy(), want)
+    assert (a > 2).tolist() == [[False, False], [True, True]]
+    assert np.asarray(a).shape == (2, 2)
+    assert "Tensor" in repr(a)
+
+
+def test_gradient_through_tensor_operators_and_indexing():
+    x0 = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+
+    def f(x):
+        y = (2 - x.T) ** 2 / 3 + (x[:, 0] @ x).reshape(3, 1)
+        return (y[[0, 0, 2]] * x[1, ::2]).sum()
+    g = ad.grad(f)(x0)
+    eps = 1e-6
+    fd = np.zeros_like(x0)
+    for i in np.ndindex(x0.shape):
+        d = np.zeros_like(x0)
+        d[i] = eps
+        fd[i] = (float(f(ad.Tensor(x0 + d))) - float(f(ad.Tensor(x0 - d)))) / (2 * eps)
+    np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-8)
+
+
+def test_where_and_comparisons():
+    x = np.array([-2.0, -0.5, 0.5, 2.0])
+    g = ad.grad(lambda v: ad.sum(ad.where(v > 0, v * v, -v)))(x)
+    np.testing.assert_allclose(g, np.where(x > 0, 2 * x, -1.0))
+
+
+def test_repeat_interleave_matches_gpu_ops():
+    x = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(ad.repeat_interleave(x, 2, -1),
+                                  gpu_ops.repeat_interleave(x, 2, -1))
+    g = ad.grad(lambda v: ad.sum(ad.repeat_interleave(v, 3, 0) * 2.0))(x)
+    np.testing.assert_array_equal(g, np.full((2, 3), 6.0))
+
+
+def test_max_ties_share_the_gradient():
+    g = ad.grad(lambda v: ad.max(v))(np.array([1.0, 3.0, 3.0, 0.0]))
+    np.testing.assert_allclose(g, [0.0, 0.5, 0.5, 0.0])
+
+
+def test_deep_chain_does_not_recurse():
+    def f(x):
+        for _ in range(5000):
+            x = x * 1.0001
+        return x
+    assert ad.grad(f)(1.0) == pytest.approx(1.0001 ** 5000)
+
+
+# --- the CuPy backend, when a GPU is present --------------------------------------------
+
+
+@pytest.mark.skipif(gpu_ops.cupy_module() is None, reason="needs CuPy and a CUDA device")
+def test_cupy_backend_matches_numpy():
+    cp = gpu_ops.cupy_module()
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 4)).astype(np.float32)
+    labels = rng.integers(0, 4, size=16)
+
+    def loss(w, x, labels):
+        h = ad.relu(x @ w)
+        return ad.cross_entropy(h, labels) + ad.mean(ad.gather(w, np.array([0, 0, 3]))
+                                                     if not hasattr(x, "device") else
+                                                     ad.gather(w, cp.asarray([0, 0, 3])))
+    g_np = ad.grad(loss)(w, x, labels)
+    g_cp = ad.grad(loss)(cp.asarray(w), cp.asarray(x), cp.asarray(labels))
+    assert isinstance(g_cp, cp.ndarray) and g_cp.dtype == np.float32
+    np.testing.assert_allclose(cp.asnumpy(g_cp), g_np, rtol=1e-4, atol=1e-6)
