@@ -303,8 +303,10 @@ class Continuation(Chain):
         return _resume_from(sys._getframe(1), self, (True, _as_exception(exc)))
 
     def __del__(self):
-        if self.top is not None:
-            fibers.unwind(self)    # dropped without being used: run its cleanup
+        # Dropped without being used: run its cleanup (not at interpreter exit,
+        # when greenlets can no longer be switched to).
+        if self.top is not None and not sys.is_finalizing():
+            fibers.unwind(self)
 
     @property
     def resumed(self) -> bool:
@@ -391,7 +393,34 @@ def _resume_from(caller, k, send):
     if _returns_straight_to_driver(caller):
         return _TailResume(chain, send)
     del caller
+    if _stack_is_deep():
+        return _drive_on_fresh_stack(chain, send)
     return _drive(chain, send)
+
+
+# A resume that is not in tail position nests: the clause waits on the
+# resumer's stack for the handler's result.  Past _HOP_DEPTH Python frames the
+# nested driver runs on a fresh helper fiber (started by the trampoline, so
+# with a shallow Python stack of its own) instead: deep chains of non-tail
+# resumes then cost heap memory, as in OCaml, rather than a RecursionError.
+_HOP_DEPTH = 300
+
+
+def _stack_is_deep() -> bool:
+    try:
+        sys._getframe(_HOP_DEPTH)
+    except ValueError:
+        return False
+    return True
+
+
+def _drive_on_fresh_stack(chain, send):
+    helper = fibers.new_fiber(_drive, (chain, send))
+    del chain
+    kind, _, payload = fibers.switch_into(Chain(helper, helper), (False, None))
+    if kind is RAISED:
+        raise payload
+    return payload
 
 
 # A call is in tail position when the instruction after it is RETURN_VALUE and

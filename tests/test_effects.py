@@ -458,18 +458,25 @@ def test_scheduler_tail_resumes_through_helpers():
 Fork = Effect("test.fork")
 
 
-def test_deep_non_tail_resumes_give_recursion_error_not_crash():
+def test_deep_non_tail_resumes_complete():
+    """Non-tail resumes nest like OCaml's (memory, not a RecursionError)."""
     def clause(k):
         v = k.resume(1)
-        return v + 0                      # not a tail resume: frames nest
+        return v + 0                      # not a tail resume: the clause waits
     h = Handler(on={Get: clause})
 
     def body():
-        return sum(perform(Get) for _ in range(100_000))
+        return sum(perform(Get) for _ in range(20_000))
+    assert h.run(body) == 20_000
+
+
+def test_runaway_recursion_inside_a_fiber_is_a_recursion_error():
+    def runaway(n):
+        return runaway(n + 1) + 1
+    h = Handler(on={Get: lambda k: k.resume(0)})
     with pytest.raises(RecursionError):
-        h.run(body)
-    # the runtime is still usable afterwards
-    assert h.run(lambda: perform(Get) + 1) == 2
+        h.run(runaway, 0)
+    assert h.run(lambda: perform(Get) + 1) == 1
 
 
 def _rss_mb():
