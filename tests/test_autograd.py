@@ -197,7 +197,7 @@ def test_pytrees_in_and_out():
 def test_has_aux():
     def f(x):
         y = ad.sum(x * x)
-        return y, {"norm": ad.sqrt(y) if hasattr(ad, "sqrt") else y}
+        return y, {"norm": y ** 0.5}
     g, aux = ad.grad(f, has_aux=True)(np.array([3.0, 4.0]))
     np.testing.assert_allclose(g, [6.0, 8.0])
     assert float(aux["norm"]) > 0
