@@ -1,0 +1,132 @@
+"""C hosts of libkina_fx.so, built with gcc through ``kina-fx config`` and run with ``env -i``.
+
+* host.c: every export, results and error paths, linked with
+  ``$(kina-fx config --cflags --libs)`` (rpath included);
+* dlopen_host.c: a host that opens the library with RTLD_LOCAL;
+* a copy of the library where no kina_fx can be imported: every export must
+  return 5 with a message, print nothing, and never 0.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+pytestmark = pytest.mark.integration
+
+GCC = shutil.which("gcc")
+needs_gcc = pytest.mark.skipif(GCC is None, reason="gcc is not installed")
+
+
+def kina_fx_config(*flags: str) -> list[str]:
+    """Flags from the installed ``kina-fx config`` console script."""
+    script = Path(sys.executable).parent / "kina-fx"
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "kina_fx.cli"]
+    out = subprocess.run(cmd + ["config", *flags], check=True, capture_output=True, text=True).stdout
+    return out.split()
+
+
+def run_clean(argv, **kw):
+    """Run with an empty environment (env -i): no PATH, PYTHONPATH or LD_LIBRARY_PATH."""
+    return subprocess.run(["env", "-i", *map(str, argv)], capture_output=True, text=True, timeout=120, **kw)
+
+
+@needs_gcc
+def test_c_host_via_kina_fx_config(tmp_path):
+    exe = tmp_path / "host"
+    cmd = [GCC, "-O2", "-Wall", "-Werror", str(HERE / "host.c"), *kina_fx_config("--cflags", "--libs"),
+           "-lm", "-o", str(exe)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    result = run_clean([exe])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "checks passed" in result.stdout
+    assert result.stderr == ""
+
+
+@needs_gcc
+def test_config_paths_exist():
+    (includedir,) = kina_fx_config("--includedir")
+    (libdir,) = kina_fx_config("--libdir")
+    assert (Path(includedir) / "kina_fx.h").is_file()
+    assert (Path(libdir) / "libkina_fx.so").is_file()
+
+
+@pytest.fixture(scope="module")
+def dlopen_host(tmp_path_factory):
+    if GCC is None:
+        pytest.skip("gcc is not installed")
+    exe = tmp_path_factory.mktemp("dlopen") / "dlopen_host"
+    subprocess.run([GCC, "-O2", "-Wall", "-Werror", str(HERE / "dlopen_host.c"), "-ldl", "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+    return exe
+
+
+def test_dlopen_rtld_local(dlopen_host):
+    (library,) = kina_fx_config("--library")
+    result = run_clean([dlopen_host, library])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "dlopen_host: ok" in result.stdout
+    assert result.stderr == ""
+
+
+def _fake_venv(root: Path) -> Path:
+    """A venv layout without kina_fx: pyvenv.cfg, bin/python3 -> the base interpreter."""
+    base = Path(sysconfig.get_config_var("BINDIR")) / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    assert base.exists(), base
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "python3").symlink_to(base)
+    (root / "pyvenv.cfg").write_text(f"home = {base.parent}\ninclude-system-site-packages = false\n")
+    libdir = root / "lib" / "kina"
+    libdir.mkdir(parents=True)
+    (library,) = kina_fx_config("--library")
+    shutil.copy(library, libdir / "libkina_fx.so")
+    return libdir / "libkina_fx.so"
+
+
+def test_failed_start_returns_internal_error_silently(dlopen_host, tmp_path):
+    """The library finds the venv above it (pyvenv.cfg) and starts its interpreter;
+    that venv has no kina_fx, so every call reports 5 with a message -- never
+    cffi's silent 0 -- and nothing is printed."""
+    lonely = _fake_venv(tmp_path / "venv")
+    result = run_clean([dlopen_host, lonely, "5"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Either cffi's own module or kina_fx is missing there; both are reported.
+    assert "status 5: kina_fx: " in result.stdout
+    assert "No module named" in result.stdout
+    assert result.stderr == ""
+
+
+def test_kina_fx_python_overrides_the_interpreter(dlopen_host, tmp_path):
+    """KINA_FX_PYTHON wins over the venv found above the library."""
+    lonely = _fake_venv(tmp_path / "venv")
+    result = subprocess.run(["env", "-i", f"KINA_FX_PYTHON={sys.executable}", str(dlopen_host), str(lonely)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "dlopen_host: ok" in result.stdout
+
+
+@pytest.mark.slow
+@needs_gcc
+def test_regular_install_into_a_fresh_venv(tmp_path):
+    """``pip install .`` (not editable) into a new venv builds a working library there."""
+    root = Path(__file__).resolve().parents[3]
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(root)],
+                         capture_output=True, text=True, timeout=900)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    config = subprocess.run([str(venv / "bin" / "kina-fx"), "config", "--cflags", "--libs"],
+                            check=True, capture_output=True, text=True).stdout.split()
+    assert str(venv) in " ".join(config)  # the installed copy, not the source tree
+    exe = tmp_path / "host"
+    subprocess.run([GCC, "-O2", str(HERE / "host.c"), *config, "-lm", "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+    result = run_clean([exe])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "checks passed" in result.stdout and result.stderr == ""
