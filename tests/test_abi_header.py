@@ -1,0 +1,76 @@
+"""kina_fx.h, the C export table, the built library and kina_fx.ffi agree.
+
+The status codes are defined once, in kina_fx/errors.py; the header mirrors
+them as #defines and this test keeps the two equal.  The exports are listed
+once, in KINA_EXPORTS of kina_runtime.c; the header, the library's dynamic
+symbols and the Python callbacks must match it.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kina_fx import ffi as kffi
+from kina_fx.errors import Status
+from kina_fx.memref import MAX_RANK
+
+NATIVE = Path(kffi.__file__).parent / "_native"
+HEADER = (NATIVE / "kina_fx.h").read_text()
+
+
+def native_build():
+    spec = importlib.util.spec_from_file_location("kina_native_build", NATIVE / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_status_defines_mirror_errors_py():
+    defines = {m.group(1): int(m.group(2))
+               for m in re.finditer(r"#define KINA_STATUS_(\w+) (\d+)", HEADER)}
+    assert defines == {s.name: int(s) for s in Status}
+
+
+def test_max_rank_matches():
+    assert f"#define KINA_MAX_RANK {MAX_RANK}" in HEADER
+
+
+def test_export_table_header_and_callbacks_agree():
+    table = native_build().exports()
+    names = {name for name, _, _ in table}
+    assert names == {
+        "_mlir_ciface_runtime_copy_to_device_f32", "_mlir_ciface_runtime_copy_to_device_f16",
+        "_mlir_ciface_runtime_copy_to_host_f32", "_mlir_ciface_runtime_gpu_matmul_f32",
+        "_mlir_ciface_runtime_gpu_gather_f32", "_mlir_ciface_runtime_gpu_softmax_f32",
+        "_mlir_ciface_runtime_gpu_repeat_interleave_f32", "_mlir_ciface_runtime_gpu_alloc_unranked",
+        "runtime_gpu_free_all"}
+    for name, py, _ in table:
+        assert re.search(rf"\bint32_t {name}\(", HEADER), f"{name} is not declared in kina_fx.h"
+        assert re.search(rf"\bint32_t {name}\(", kffi.CDEF), f"{name} is not in ffi.CDEF"
+        assert py in kffi.CALLBACKS, f"kina_fx.ffi lacks {py}"
+    assert set(kffi.CALLBACKS) == {py for _, py, _ in table}
+
+
+def test_installed_header_is_the_source_header():
+    installed = Path(kffi.header_dir()) / "kina_fx.h"
+    assert installed.read_text() == HEADER
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="nm is not installed")
+def test_library_exports_exactly_the_abi():
+    out = subprocess.run(["nm", "-D", "--defined-only", kffi.library_path()],
+                         check=True, capture_output=True, text=True).stdout
+    symbols = {line.split()[-1] for line in out.splitlines() if line.split()[1:2] == ["T"]}
+    expected = {name for name, _, _ in native_build().exports()} | {"kina_last_error", "kina_abi_version"}
+    assert symbols == expected  # no bare cffi export (e.g. PyInit_...) is reachable
+
+
+def test_library_links_its_interpreter_with_an_rpath():
+    import sysconfig
+    data = Path(kffi.library_path()).read_bytes()
+    assert sysconfig.get_config_var("LIBDIR").encode() in data

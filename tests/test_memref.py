@@ -1,0 +1,121 @@
+"""kina_fx.memref: descriptors <-> NumPy views, zero-copy, checked against NumPy."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kina_fx import memref
+from kina_fx.errors import KinaTypeError, ResourceError, ValidationError
+
+
+@st.composite
+def strided_arrays(draw):
+    """Random arrays of rank 0-4 seen through random slices (steps, reversals, offsets)."""
+    rank = draw(st.integers(0, 4))
+    shape = tuple(draw(st.integers(1, 5)) for _ in range(rank))
+    dtype = draw(st.sampled_from([np.float32, np.float16, np.int64]))
+    base = np.arange(int(np.prod(shape)) if shape else 1, dtype=dtype).reshape(shape)
+    index = []
+    for n in shape:
+        start = draw(st.integers(0, n - 1))
+        step = draw(st.sampled_from([1, 2, -1, -2]))
+        index.append(slice(start, None, step))
+    view = base[tuple(index)] if index else base
+    if rank >= 2 and draw(st.booleans()):
+        view = view.T
+    return view
+
+
+@settings(max_examples=200, deadline=None)
+@given(strided_arrays())
+def test_round_trip_is_zero_copy(arr):
+    m = memref.from_numpy(arr)
+    d = m.descriptor()
+    assert d.rank == arr.ndim and d.sizes == arr.shape
+    view = memref.numpy_view(d, arr.dtype)
+    np.testing.assert_array_equal(view, arr)
+    if arr.size:
+        assert np.shares_memory(view, arr)
+        view.flat[0] = 7
+        assert arr.flat[0] == 7
+
+
+@settings(max_examples=100, deadline=None)
+@given(strided_arrays(), st.integers(0, 9))
+def test_offset_is_honoured(arr, offset):
+    d = memref.from_numpy(arr, offset_elements=offset).descriptor()
+    assert d.offset == offset
+    np.testing.assert_array_equal(memref.numpy_view(d, arr.dtype), arr)
+
+
+def test_view_cache_returns_equal_views_and_is_cleared():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    m = memref.from_numpy(a)
+    cache = memref.ViewCache(np.float32)
+    v1 = cache.view(m.struct, "a")
+    assert cache.view(m.struct, "a") is v1
+    np.testing.assert_array_equal(v1, a)
+    memref.clear_caches()
+    assert cache.views == {}
+    b = a.T.copy()
+    mb = memref.from_numpy(b)
+    assert cache.view(mb.struct, "b").shape == (3, 2)
+
+
+def test_read_descriptor_rejects_malformed_input():
+    with pytest.raises(ValidationError, match="null memref"):
+        memref.read_descriptor(0)
+    with pytest.raises(ValidationError, match="rank 40"):
+        memref.read_descriptor(memref.UnrankedMemref(None, 40, [0]).struct)
+    with pytest.raises(ValidationError, match="negative size"):
+        memref.read_descriptor(memref.empty_descriptor((3, -2)).struct)
+    m = memref.from_numpy(np.zeros(3, np.float32))
+    m.struct.descriptor = memref.ffi.NULL
+    with pytest.raises(ValidationError, match="null descriptor"):
+        memref.read_descriptor(m.struct)
+
+
+def test_null_data_is_only_fine_when_empty():
+    d = memref.empty_descriptor((0, 4)).descriptor()
+    assert memref.numpy_view(d, np.float32).shape == (0, 4)
+    with pytest.raises(ValidationError, match="null data"):
+        memref.numpy_view(memref.empty_descriptor((2, 4)).descriptor(), np.float32)
+
+
+def test_write_allocation_fills_the_nested_descriptor_in_place():
+    m = memref.empty_descriptor((2, 3, 4))
+    before = bytes(memref.ffi.buffer(m.struct))
+    buf = np.zeros(24, np.float32)
+    address = buf.__array_interface__["data"][0]
+    d = memref.write_allocation(m.struct, address, 4)
+    assert bytes(memref.ffi.buffer(m.struct)) == before
+    assert (d.allocated, d.aligned, d.offset, d.strides) == (address, address, 0, (12, 4, 1))
+    memref.numpy_view(d, np.float32)[1, 2, 3] = 5
+    assert buf[23] == 5
+
+
+def test_allocation_bytes():
+    assert memref.allocation_bytes(memref.empty_descriptor((2, 3)).struct, 8) == 48
+    assert memref.allocation_bytes(memref.empty_descriptor(()).struct, 2) == 2
+    with pytest.raises(KinaTypeError):
+        memref.allocation_bytes(memref.empty_descriptor((2,)).struct, 3)
+    with pytest.raises(ResourceError):
+        memref.allocation_bytes(memref.empty_descriptor((1 << 62, 4)).struct, 8)
+
+
+def test_output_layout_check():
+    ok = memref.from_numpy(np.zeros((2, 3), np.float32)).descriptor()
+    memref.check_output_layout(ok)
+    alias = memref.UnrankedMemref(None, 2, [8, 8, 0, 2, 3, 0, 1]).descriptor()
+    with pytest.raises(ValidationError, match="stride 0"):
+        memref.check_output_layout(alias)
+    memref.check_output_layout(memref.UnrankedMemref(None, 2, [8, 8, 0, 0, 3, 0, 1]).descriptor())
+
+
+def test_strides_must_be_whole_elements():
+    raw = np.zeros(16, np.uint8)
+    odd = np.lib.stride_tricks.as_strided(raw[:12].view(np.float32), (2,), (6,))
+    with pytest.raises(ValidationError, match="multiple"):
+        memref.from_numpy(odd)
