@@ -112,3 +112,23 @@ def status_of(exc: BaseException) -> Status:
     if isinstance(exc, (ValueError, IndexError)):
         return Status.VALIDATION
     return Status.INTERNAL
+
+
+_CLASS_OF_STATUS = {
+    Status.VALIDATION: ValidationError,
+    Status.RESOURCE: ResourceError,
+    Status.GPU: GpuError,
+    Status.UNIMPLEMENTED: UnimplementedError,
+    Status.INTERNAL: InternalError,
+    Status.TYPE: KinaTypeError,
+    Status.CANCELLED: Cancelled,
+}
+
+
+def exception_for(status: int, message: str) -> KinaError:
+    """The exception a non-zero status from C code stands for (inverse of status_of)."""
+    try:
+        cls = _CLASS_OF_STATUS[Status(status)]
+    except (ValueError, KeyError):
+        return InternalError(f"status {status}: {message}")
+    return cls(message)

@@ -33,10 +33,11 @@ import sys
 import threading
 
 from . import fibers
-from .errors import ContinuationAlreadyResumed, Unhandled, ValidationError
+from .errors import Cancelled, ContinuationAlreadyResumed, Unhandled, ValidationError
 from .fibers import RAISED, RETURNED, Chain, local
 
-__all__ = ["Effect", "perform", "Handler", "Continuation", "fiber"]
+__all__ = ["Effect", "perform", "Handler", "Continuation", "fiber", "Stepper",
+           "push_handler", "pop_handler", "suspend_to_host"]
 
 PERFORMED = "performed"
 
@@ -166,20 +167,30 @@ class Handler:
         return value if self.ret is None else self.ret(value)
 
     def __enter__(self):
-        if self.on or self.ret is not None or self.exc is not None:
-            raise ValidationError(
-                "only a handler with just 'fun' clauses can be installed with 'with'; "
-                "use handler.run(fn) for 'on', 'ret' and 'exc'")
-        local.state.current.stack.append(self)
+        push_handler(self)
         return self
 
     def __exit__(self, *exc_info):
-        _pop(self)
+        pop_handler(self)
         return False
 
     def __repr__(self):
         names = [e.name for e in self.on] + [e.name + "(fun)" for e in self.fun]
         return f"<Handler {', '.join(names) or 'empty'}>"
+
+
+def push_handler(handler: Handler) -> None:
+    """Push ``handler`` (``fun`` clauses only) on the running fiber's handler stack."""
+    if handler.on or handler.ret is not None or handler.exc is not None:
+        raise ValidationError(
+            "only a handler with just 'fun' clauses can be installed in place; "
+            "use handler.run(fn) for 'on', 'ret' and 'exc'")
+    local.state.current.stack.append(handler)
+
+
+def pop_handler(handler: Handler) -> None:
+    """Pop ``handler``, which must be the innermost entry of the running fiber's stack."""
+    _pop(handler)
 
 
 def _pop(entry):
@@ -346,6 +357,128 @@ def _as_exception(exc):
     if not isinstance(exc, BaseException):
         raise TypeError(f"discontinue needs an exception, not {exc!r}")
     return exc
+
+
+# --- fibers driven step by step ------------------------------------------------
+
+# Performed by a handler that wants the effect to suspend the fiber to whoever
+# drives it (a C handler returning KINA_SUSPEND): every Stepper catches it and
+# reports the original effect and arguments.
+_SUSPEND_TO_HOST = Effect("kina.suspend_to_host")
+
+
+def suspend_to_host(effect, *args):
+    """From inside a handler clause: suspend the nearest :class:`Stepper` fiber
+    outside that handler as if it had caught ``effect`` itself; return the value
+    its owner resumes it with."""
+    return perform(_SUSPEND_TO_HOST, effect, args)
+
+
+class _Catch:
+    """The ``on`` table of a Stepper's handler: which effects suspend the fiber."""
+
+    __slots__ = ("effects",)
+
+    def __init__(self, effects):
+        self.effects = None if effects is None else frozenset(effects)
+
+    def __contains__(self, effect):
+        return (self.effects is None or effect in self.effects
+                or effect is _SUSPEND_TO_HOST)
+
+    def keys(self):
+        return frozenset() if self.effects is None else self.effects
+
+
+class Stepper:
+    """A fiber its owner drives one step at a time, like a generator.
+
+    ``Stepper(fn, *args, catch=None)`` runs ``fn(*args)`` on a new fiber whose
+    control handler suspends it on every effect in ``catch`` (None: every
+    effect that reaches it unhandled).  Other effects are forwarded to the
+    handlers around the call to :meth:`step`.  This is what the C ABI's host
+    fibers are (``kina_fiber_create`` / ``kina_resume_fiber``).
+
+    ``step(value)`` starts the fiber or resumes its pending perform with
+    ``value`` and returns the new :attr:`state`: ``"suspended"`` (see
+    :attr:`effect`, :attr:`args`), ``"done"`` (:attr:`result`), ``"failed"``
+    (:attr:`error`) or ``"cancelled"``.  ``cancel()`` raises
+    :class:`~kina_fx.errors.Cancelled` at the pending perform and runs the
+    fiber's cleanup.
+    """
+
+    NEW, RUNNING, SUSPENDED = "new", "running", "suspended"
+    DONE, FAILED, CANCELLED = "done", "failed", "cancelled"
+
+    def __init__(self, fn, *args, catch=None):
+        if not callable(fn):
+            raise TypeError("Stepper needs a callable")
+        self._handler = Handler()
+        self._handler.on = _Catch(catch)
+        first = fibers.new_fiber(fn, args, self._handler)
+        self._chain = Chain(first, first)
+        self.state = self.NEW
+        self.effect = None
+        self.args = ()
+        self.result = None
+        self.error = None
+        self.thread = first.thread
+
+    def step(self, value=None) -> str:
+        """Start the fiber, or resume its pending perform with ``value``."""
+        return self._step((False, value))
+
+    def throw(self, exc) -> str:
+        """Resume the pending perform by raising ``exc`` there."""
+        return self._step((True, _as_exception(exc)))
+
+    def cancel(self) -> str:
+        """Cancel: ``Cancelled`` at the pending perform (again at each later
+        perform, up to 100 times), then drop whatever is left."""
+        if self.state == self.NEW:
+            self._chain = None
+            self.state = self.CANCELLED
+            return self.state
+        for _ in range(100):
+            if self.state != self.SUSPENDED:
+                break
+            self._step((True, Cancelled("the fiber was cancelled")), cancelling=True)
+        if self.state == self.SUSPENDED:       # it keeps performing: unwind it
+            self._chain = None
+        if self.state != self.FAILED or isinstance(self.error, Cancelled):
+            self.state = self.CANCELLED
+        return self.state
+
+    def _step(self, send, cancelling=False) -> str:
+        if self.state == self.RUNNING:
+            raise ValidationError("the fiber is running (a fiber cannot resume itself)")
+        if self.state not in (self.NEW, self.SUSPENDED):
+            raise ValidationError(f"the fiber is {self.state}; only a new or suspended fiber can be resumed")
+        fibers.check_owner(self._chain.top)
+        chain, self._chain = self._chain, None
+        self.state = self.RUNNING
+        self.effect, self.args = None, ()
+        try:
+            kind, _, payload = fibers.switch_into(chain, send)
+        except BaseException:
+            self.state = self.FAILED
+            raise
+        if kind is PERFORMED:
+            effect, args, self._chain = payload
+            if effect is _SUSPEND_TO_HOST:
+                effect, args = args
+            self.effect, self.args = effect, args
+            self.state = self.SUSPENDED
+        elif kind is RETURNED:
+            self.result = payload
+            self.state = self.CANCELLED if cancelling else self.DONE
+        else:
+            self.error = payload
+            self.state = self.CANCELLED if isinstance(payload, Cancelled) else self.FAILED
+        return self.state
+
+    def __repr__(self):
+        return f"<Stepper {self.state}>"
 
 
 # --- the driver loop --------------------------------------------------------

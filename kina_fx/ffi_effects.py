@@ -1,0 +1,297 @@
+"""The Python side of the effects C ABI (kina_push_handler, kina_resume_fiber, ...).
+
+Like :mod:`kina_fx.ffi`, this module only translates: C handles become
+:class:`~kina_fx.handlers.Stepper` fibers and :class:`~kina_fx.handlers.Handler`
+entries of the one handler stack, C function pointers become clauses, and
+exceptions become status codes (``kina_fx.ffi`` attaches every ``kina_py_*``
+function here with the same error translation as the memref exports).
+
+Values crossing the boundary are ``int64_t`` (pointers travel as integers):
+Python ``int``/``bool`` and ``None`` (as 0) convert, anything else is a
+:class:`~kina_fx.errors.KinaTypeError` (status 6).
+
+Handles are opaque ``uint64_t``: ``kind << 56 | generation << 32 | slot + 1``.
+A handle whose kind, slot or generation does not match a live object is a
+:class:`~kina_fx.errors.ValidationError` (status 1), so stale, foreign and
+freed handles can never reach freed memory.
+"""
+from __future__ import annotations
+
+import threading
+
+from . import handlers
+from .errors import KinaTypeError, ValidationError, exception_for
+from .handlers import Effect, Handler, Stepper
+
+_ffi = None   # the embedded module's ffi, set by attach()
+
+MAX_ARGS = 16                 # KINA_MAX_ARGS in kina_fx.h
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+# What a kina_handler_fn returns besides a positive status (kina_fx.h).
+HANDLED, FORWARD, SUSPEND = 0, -1, -2
+
+# kina_fiber_state values (kina_fx.h KINA_FIBER_*), from Stepper.state.
+FIBER_STATES = {Stepper.NEW: 0, Stepper.RUNNING: 1, Stepper.SUSPENDED: 2,
+                Stepper.DONE: 3, Stepper.FAILED: 4, Stepper.CANCELLED: 5}
+
+FIBER_KIND, HANDLER_KIND = 1, 2
+
+
+class HandleTable:
+    """Generation-tagged handles for one kind of object."""
+
+    def __init__(self, kind: int, what: str):
+        self.kind = kind
+        self.what = what
+        self._slots = []          # [generation, object or None]
+        self._free = []
+        self._lock = threading.Lock()
+
+    def add(self, obj) -> int:
+        with self._lock:
+            if self._free:
+                index = self._free.pop()
+                slot = self._slots[index]
+                slot[0] = (slot[0] % 0xFFFFFF) + 1
+                slot[1] = obj
+            else:
+                index = len(self._slots)
+                if index >= 0xFFFFFFFE:
+                    raise ValidationError(f"too many live {self.what} handles")
+                slot = [1, obj]
+                self._slots.append(slot)
+            return (self.kind << 56) | (slot[0] << 32) | (index + 1)
+
+    def _locate(self, handle: int):
+        kind, generation, index = handle >> 56, (handle >> 32) & 0xFFFFFF, (handle & 0xFFFFFFFF) - 1
+        if handle <= 0 or kind != self.kind:
+            raise ValidationError(f"{handle:#x} is not a {self.what} handle")
+        if not 0 <= index < len(self._slots):
+            raise ValidationError(f"{handle:#x} is not a live {self.what} handle")
+        slot = self._slots[index]
+        if slot[0] != generation or slot[1] is None:
+            raise ValidationError(f"{self.what} handle {handle:#x} is stale (freed or reused)")
+        return index, slot
+
+    def get(self, handle: int):
+        return self._locate(handle)[1][1]
+
+    def remove(self, handle: int) -> None:
+        with self._lock:
+            index, slot = self._locate(handle)
+            slot[1] = None
+            self._free.append(index)
+
+    def live(self) -> int:
+        return sum(1 for _, obj in self._slots if obj is not None)
+
+
+fiber_handles = HandleTable(FIBER_KIND, "fiber")
+handler_handles = HandleTable(HANDLER_KIND, "handler")
+
+
+# ---- conversions ------------------------------------------------------------------
+
+def to_int64(value, what: str) -> int:
+    if value is None:
+        return 0
+    if not isinstance(value, int):
+        raise KinaTypeError(f"{what} must be an int to cross the C ABI (int64_t), not {type(value).__name__}")
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise KinaTypeError(f"{what} {value} does not fit in int64_t")
+    return int(value)
+
+
+def _args_from_c(args, nargs) -> tuple:
+    if nargs < 0 or nargs > MAX_ARGS:
+        raise ValidationError(f"nargs must be in [0, {MAX_ARGS}], got {nargs}")
+    if nargs and args == _ffi.NULL:
+        raise ValidationError("args is NULL but nargs > 0")
+    return tuple(args[i] for i in range(nargs))
+
+
+def _effect(effect_id: int) -> Effect:
+    return Effect.lookup(int(effect_id))
+
+
+def _require(ptr, name: str) -> None:
+    if ptr == _ffi.NULL:
+        raise ValidationError(f"{name} is NULL")
+
+
+# ---- C handlers ---------------------------------------------------------------------
+
+class CHandler(Handler):
+    """A handler pushed by ``kina_push_handler``: each of its effects calls the
+    C function ``fn(ctx, effect, args, nargs, &out)`` in place."""
+
+    __slots__ = ("thread",)
+
+    def __init__(self, fn, ctx, effects):
+        super().__init__(fun={e: _c_clause(fn, ctx, e) for e in effects})
+        self.thread = threading.get_ident()
+
+
+def _c_clause(fn, ctx, effect):
+    effect_id = effect.id
+
+    def clause(*args):
+        n = len(args)
+        if n > MAX_ARGS:
+            raise ValidationError(f"a C handler takes at most {MAX_ARGS} arguments, got {n}")
+        buf = _ffi.new("int64_t[]", [to_int64(a, f"argument {i} of {effect.name}")
+                                     for i, a in enumerate(args)] or 1)
+        out = _ffi.new("int64_t *")
+        rc = fn(ctx, effect_id, buf, n, out)
+        if rc == HANDLED:
+            return out[0]
+        if rc == FORWARD:        # the clause runs outside its handler: next one out
+            return handlers.perform(effect, *args)
+        if rc == SUSPEND:
+            return handlers.suspend_to_host(effect, *args)
+        raise exception_for(rc, f"the C handler for {effect.name} failed with status {rc}")
+    return clause
+
+
+# ---- the callbacks (KINA_EFFECT_EXPORTS of kina_effects.c) --------------------------
+
+def kina_py_effect_id(name, out_id):
+    _require(name, "name")
+    _require(out_id, "out_id")
+    text = _ffi.string(name).decode("utf-8")
+    out_id[0] = Effect(text).id
+    return 0
+
+
+def kina_py_perform(effect, args, nargs, out_value):
+    _require(out_value, "out_value")
+    eff = _effect(effect)
+    value = handlers.perform(eff, *_args_from_c(args, nargs))
+    out_value[0] = to_int64(value, f"the answer to {eff.name}")
+    return 0
+
+
+def kina_py_push_handler(fn, ctx, effects, neffects, out_handler):
+    _require(fn, "fn")
+    _require(out_handler, "out_handler")
+    if neffects <= 0 or effects == _ffi.NULL:
+        raise ValidationError("kina_push_handler needs at least one effect id")
+    handler = CHandler(fn, ctx, [_effect(effects[i]) for i in range(neffects)])
+    handlers.push_handler(handler)
+    out_handler[0] = handler_handles.add(handler)
+    return 0
+
+
+def kina_py_pop_handler(handle):
+    handler = handler_handles.get(handle)
+    if handler.thread != threading.get_ident():
+        raise ValidationError("this handler was pushed by another OS thread")
+    handlers.pop_handler(handler)
+    handler_handles.remove(handle)
+    return 0
+
+
+def kina_py_fiber_create(entry, arg, catch_effects, ncatch, out_fiber):
+    _require(entry, "entry")
+    _require(out_fiber, "out_fiber")
+    if ncatch < 0 or (ncatch and catch_effects == _ffi.NULL):
+        raise ValidationError("catch_effects is NULL but ncatch > 0")
+    catch = None if ncatch == 0 else [_effect(catch_effects[i]) for i in range(ncatch)]
+    stepper = Stepper(_run_entry, entry, arg, catch=catch)
+    out_fiber[0] = fiber_handles.add(stepper)
+    return 0
+
+
+def _run_entry(entry, arg):
+    return int(entry(arg))
+
+
+def _fiber(handle) -> Stepper:
+    stepper = fiber_handles.get(handle)
+    if stepper.thread != threading.get_ident():
+        raise ValidationError("this fiber belongs to another OS thread")
+    return stepper
+
+
+def _report(stepper, out_state) -> int:
+    if out_state != _ffi.NULL:
+        out_state[0] = FIBER_STATES[stepper.state]
+    if stepper.state == Stepper.FAILED:
+        raise stepper.error    # its status and message reach the host
+    return 0
+
+
+def kina_py_resume_fiber(handle, value, out_state):
+    stepper = _fiber(handle)
+    stepper.step(int(value))
+    return _report(stepper, out_state)
+
+
+def kina_py_get_perform_id(handle, out_effect):
+    _require(out_effect, "out_effect")
+    stepper = _fiber(handle)
+    if stepper.state != Stepper.SUSPENDED:
+        raise ValidationError(f"the fiber is {stepper.state}, not suspended in a perform")
+    out_effect[0] = stepper.effect.id
+    return 0
+
+
+def kina_py_get_perform_args(handle, out_args, cap, out_nargs):
+    _require(out_nargs, "out_nargs")
+    stepper = _fiber(handle)
+    if stepper.state != Stepper.SUSPENDED:
+        raise ValidationError(f"the fiber is {stepper.state}, not suspended in a perform")
+    args = [to_int64(a, f"argument {i} of {stepper.effect.name}") for i, a in enumerate(stepper.args)]
+    out_nargs[0] = len(args)
+    if len(args) > cap or (args and out_args == _ffi.NULL):
+        raise ValidationError(f"the perform has {len(args)} arguments; out_args holds {cap}")
+    for i, a in enumerate(args):
+        out_args[i] = a
+    return 0
+
+
+def kina_py_fiber_state(handle, out_state):
+    _require(out_state, "out_state")
+    out_state[0] = FIBER_STATES[_fiber(handle).state]
+    return 0
+
+
+def kina_py_fiber_result(handle, out_value):
+    _require(out_value, "out_value")
+    stepper = _fiber(handle)
+    if stepper.state != Stepper.DONE:
+        raise ValidationError(f"the fiber is {stepper.state}; only a finished fiber has a result")
+    out_value[0] = to_int64(stepper.result, "the fiber's result")
+    return 0
+
+
+def kina_py_cancel_fiber(handle, out_state):
+    stepper = _fiber(handle)
+    if stepper.state == Stepper.RUNNING:
+        raise ValidationError("the fiber is running; it cannot be cancelled from inside itself")
+    if stepper.state in (Stepper.NEW, Stepper.SUSPENDED):
+        stepper.cancel()
+    if out_state != _ffi.NULL:
+        out_state[0] = FIBER_STATES[stepper.state]
+    return 0
+
+
+def kina_py_fiber_destroy(handle):
+    stepper = _fiber(handle)
+    if stepper.state == Stepper.RUNNING:
+        raise ValidationError("the fiber is running; destroy it after it suspends or finishes")
+    if stepper.state in (Stepper.NEW, Stepper.SUSPENDED):
+        stepper.cancel()
+    fiber_handles.remove(handle)
+    return 0
+
+
+CALLBACKS = {name: fn for name, fn in globals().items() if name.startswith("kina_py_")}
+
+
+def attach(ffi) -> dict:
+    """Remember the embedded module's ffi; return the callbacks to attach."""
+    global _ffi
+    _ffi = ffi
+    return CALLBACKS
