@@ -308,7 +308,7 @@ def _axis_param(axis):
 class Primitive:
     """One row of the primitive table."""
 
-    __slots__ = ("name", "effect", "nin", "diff", "kernel", "vjp", "jvp")
+    __slots__ = ("name", "effect", "nin", "diff", "kernel", "vjp", "vjp_sides", "jvp")
 
     def __init__(self, name, nin, kernel, vjp, jvp, diff=None, unwraps=False):
         self.name = name
@@ -317,12 +317,38 @@ class Primitive:
         self.diff = tuple(diff) if diff is not None else (True,) * nin
         self.kernel = kernel
         self.vjp = vjp
+        self.vjp_sides = None
+        if nin == 2 and self.diff == (True, True):
+            self.vjp, self.vjp_sides = _binary_rules(vjp)
         self.jvp = jvp
         # Kernels that strip Tensor wrappers themselves serve as the default.
         self.effect.default = kernel if unwraps else _make_default(kernel, nin)
 
     def __repr__(self):
         return f"<Primitive {self.name}>"
+
+
+def _binary_rules(vjp):
+    """(pair rule, (rule for a alone, rule for b alone)) of a binary primitive.
+
+    ``vjp`` is either a pair of one-sided rules ``(o, g, out, a, b) ->
+    cotangent`` or one rule for both sides; the tape records a one-sided node
+    when only one operand is traced (``y * 1.5``), the common case."""
+    if isinstance(vjp, tuple):
+        rule_a, rule_b = vjp
+
+        def both(o, g, out, args, params, ids):
+            a, b = args
+            return (rule_a(o, g, out, a, b) if ids[0] >= 0 else None,
+                    rule_b(o, g, out, a, b) if ids[1] >= 0 else None)
+        return both, vjp
+
+    def rule_a(o, g, out, a, b):
+        return vjp(o, g, out, (a, b), (), (0, -1))[0]
+
+    def rule_b(o, g, out, a, b):
+        return vjp(o, g, out, (a, b), (), (-1, 0))[1]
+    return vjp, (rule_a, rule_b)
 
 
 def _make_default(kernel, nin):
@@ -395,10 +421,12 @@ def _add_k(a, b):
     return a + b
 
 
-def _add_vjp(o, g, out, args, params, ids):
-    a, b = args
-    return (_unbroadcast(o, g, a.shape) if ids[0] >= 0 else None,
-            _unbroadcast(o, g, b.shape) if ids[1] >= 0 else None)
+def _add_vjp_a(o, g, out, a, b):
+    return g if g.shape == a.shape else _unbroadcast(o, g, a.shape)
+
+
+def _add_vjp_b(o, g, out, a, b):
+    return g if g.shape == b.shape else _unbroadcast(o, g, b.shape)
 
 
 def _add_jvp(o, out, args, ts, params):
@@ -410,7 +438,7 @@ def _add_jvp(o, out, args, ts, params):
     return _bcast(o, o.add(ta, tb), out.shape)
 
 
-_ADD = _prim("add", 2, _add_k, _add_vjp, _add_jvp, unwraps=True).effect
+_ADD = _prim("add", 2, _add_k, (_add_vjp_a, _add_vjp_b), _add_jvp, unwraps=True).effect
 
 
 # sub
@@ -422,10 +450,8 @@ def _sub_k(a, b):
     return a - b
 
 
-def _sub_vjp(o, g, out, args, params, ids):
-    a, b = args
-    return (_unbroadcast(o, g, a.shape) if ids[0] >= 0 else None,
-            _unbroadcast(o, o.neg(g), b.shape) if ids[1] >= 0 else None)
+def _sub_vjp_b(o, g, out, a, b):
+    return _unbroadcast(o, o.neg(g), b.shape)
 
 
 def _sub_jvp(o, out, args, ts, params):
@@ -437,7 +463,7 @@ def _sub_jvp(o, out, args, ts, params):
     return _bcast(o, o.sub(ta, tb), out.shape)
 
 
-_SUB = _prim("sub", 2, _sub_k, _sub_vjp, _sub_jvp, unwraps=True).effect
+_SUB = _prim("sub", 2, _sub_k, (_add_vjp_a, _sub_vjp_b), _sub_jvp, unwraps=True).effect
 
 
 # mul
@@ -449,10 +475,14 @@ def _mul_k(a, b):
     return a * b
 
 
-def _mul_vjp(o, g, out, args, params, ids):
-    a, b = args
-    return (_unbroadcast(o, o.mul(g, b), a.shape) if ids[0] >= 0 else None,
-            _unbroadcast(o, o.mul(g, a), b.shape) if ids[1] >= 0 else None)
+def _mul_vjp_a(o, g, out, a, b):
+    ct = o.mul(g, b)
+    return ct if ct.shape == a.shape else _unbroadcast(o, ct, a.shape)
+
+
+def _mul_vjp_b(o, g, out, a, b):
+    ct = o.mul(g, a)
+    return ct if ct.shape == b.shape else _unbroadcast(o, ct, b.shape)
 
 
 def _mul_jvp(o, out, args, ts, params):
@@ -466,7 +496,7 @@ def _mul_jvp(o, out, args, ts, params):
     return _bcast(o, r, out.shape)
 
 
-_MUL = _prim("mul", 2, _mul_k, _mul_vjp, _mul_jvp, unwraps=True).effect
+_MUL = _prim("mul", 2, _mul_k, (_mul_vjp_a, _mul_vjp_b), _mul_jvp, unwraps=True).effect
 
 
 # div
@@ -478,10 +508,12 @@ def _div_k(a, b):
     return a / b
 
 
-def _div_vjp(o, g, out, args, params, ids):
-    a, b = args
-    return (_unbroadcast(o, o.div(g, b), a.shape) if ids[0] >= 0 else None,
-            _unbroadcast(o, o.neg(o.div(o.mul(g, out), b)), b.shape) if ids[1] >= 0 else None)
+def _div_vjp_a(o, g, out, a, b):
+    return _unbroadcast(o, o.div(g, b), a.shape)
+
+
+def _div_vjp_b(o, g, out, a, b):
+    return _unbroadcast(o, o.neg(o.div(o.mul(g, out), b)), b.shape)
 
 
 def _div_jvp(o, out, args, ts, params):
@@ -496,7 +528,7 @@ def _div_jvp(o, out, args, ts, params):
     return _bcast(o, r, out.shape)
 
 
-_DIV = _prim("div", 2, _div_k, _div_vjp, _div_jvp, unwraps=True).effect
+_DIV = _prim("div", 2, _div_k, (_div_vjp_a, _div_vjp_b), _div_jvp, unwraps=True).effect
 
 
 # pow
@@ -1348,7 +1380,7 @@ class Tape:
     def __init__(self, name=None):
         self.tag = next(_tags)
         self.name = name or f"tape{self.tag}"
-        self._nodes = []         # (rule, out_id, in_ids, in_values, params, out_value)
+        self._nodes = []         # (rule, out_id, in_ids, u, v, out_value): see _backward
         self._n = 0              # ids handed out so far
         self._leaves = {}        # id -> name, for watched values
         self._live = False
@@ -1425,18 +1457,22 @@ class Tape:
         return out[0] if single else out
 
     def _backward(self, grads, o):
-        # A plain loop over the recorded nodes, newest first.  Unary nodes store
-        # their input's id as an int, the others a tuple of ids (-1: constant).
-        for rule, oid, ids, args, params, out in reversed(self._nodes):
+        # A plain loop over the recorded nodes, newest first.  A node is
+        # (rule, out_id, in_ids, u, v, out).  One-input nodes -- unary
+        # primitives (u, v = x, params) and binary ones with one traced operand
+        # (u, v = a, b) -- have an int ``in_ids`` and ``rule(o, g, out, u, v)``
+        # returns its cotangent; the others have a tuple of ids (-1: constant),
+        # u, v = args, params, and ``rule(o, g, out, args, params, ids)``.
+        for rule, oid, ids, u, v, out in reversed(self._nodes):
             g = grads[oid]
             if g is None:
                 continue
             if ids.__class__ is int:
-                ct = rule(o, g, out, args, params)
+                ct = rule(o, g, out, u, v)
                 prev = grads[ids]
                 grads[ids] = ct if prev is None else o.add(prev, ct)
                 continue
-            for j, ct in zip(ids, rule(o, g, out, args, params, ids)):
+            for j, ct in zip(ids, rule(o, g, out, u, v, ids)):
                 if j >= 0 and ct is not None:
                     prev = grads[j]
                     grads[j] = ct if prev is None else o.add(prev, ct)
@@ -1518,7 +1554,9 @@ def _tape_clause(tape, prim):
         return clause
 
     if nin == 2 and diff == (True, True):
-        def clause(a, b, *params):
+        rule_a, rule_b = prim.vjp_sides
+
+        def clause(a, b):
             ia = ib = -1
             if a.__class__ is Tensor:
                 if a._trace is tape:
@@ -1532,12 +1570,17 @@ def _tape_clause(tape, prim):
                     b = b._value
                 else:
                     ib, b = _own(tape, b)
-            out = perform(eff, a, b, *params)
-            if ia < 0 and ib < 0:
-                return out
+            out = perform(eff, a, b)
             i = tape._n
+            if ib < 0:
+                if ia < 0:
+                    return out
+                nodes.append((rule_a, i, ia, a, b, out))
+            elif ia < 0:
+                nodes.append((rule_b, i, ib, a, b, out))
+            else:
+                nodes.append((rule, i, (ia, ib), (a, b), (), out))
             tape._n = i + 1
-            nodes.append((rule, i, (ia, ib), (a, b), params, out))
             r = _new(Tensor)
             r._value = out
             r._trace = tape
@@ -1575,6 +1618,7 @@ def _stop_clause(trace):
 
 
 _RULE_NAMES = {p.vjp: p.name for p in PRIMITIVES.values()}
+_RULE_NAMES.update({r: p.name for p in PRIMITIVES.values() for r in p.vjp_sides or ()})
 
 
 # --- forward mode: dual numbers ------------------------------------------------
