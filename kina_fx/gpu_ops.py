@@ -143,9 +143,11 @@ _matmul_shapes: dict = {}
 def matmul(a, b, out=None):
     """``a @ b`` with NumPy's rules (2-D, and batched for rank >= 3).
 
-    Shapes are checked (with a clear message) before anything is written.
+    Shapes are checked (with a clear message) before anything is written; the
+    check is memoised per shape pair because the C export calls this for
+    every 2x2 product a compiled loop makes.
     """
-    xp = array_module(a, b)
+    xp = np if _cupy is None else array_module(a, b)
     key = (a.shape, b.shape)
     shape = _matmul_shapes.get(key)
     if shape is None:
@@ -153,10 +155,11 @@ def matmul(a, b, out=None):
         if len(_matmul_shapes) > 1024:
             _matmul_shapes.clear()
         _matmul_shapes[key] = shape
-    _check_out(out, shape, "matmul")
     if out is None:
         return xp.matmul(a, b)
-    if out.ndim == 0:  # NumPy's matmul refuses a 0-d out for vector @ vector
+    if out.shape != shape:
+        _check_out(out, shape, "matmul")
+    if not shape:  # NumPy's matmul refuses a 0-d out for vector @ vector
         out[...] = xp.matmul(a, b)
         return out
     return xp.matmul(a, b, out=out)
