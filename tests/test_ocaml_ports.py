@@ -2439,6 +2439,261 @@ def test_examples_ref(heap, cell):
     assert run(main) == (55, 89, 144)
 
 
+# --- algorithmic_differentiation.ml: reverse-mode AD, non-tail continue ------
+
+def test_examples_algorithmic_differentiation():
+    import math
+
+    Add, Mult, Exp = fresh("ad.Add"), fresh("ad.Mult"), fresh("ad.Exp")
+
+    class T:
+        __slots__ = ("v", "d")
+
+        def __init__(self, v):
+            self.v, self.d = v, 0.0
+
+        def __add__(self, other):
+            return perform(Add, self, other)
+
+        def __mul__(self, other):
+            return perform(Mult, self, other)
+
+    def exp(a):
+        return perform(Exp, a)
+
+    def on_add(k, a, b):
+        x = T(a.v + b.v)
+        k.resume(x)
+        a.d += x.d
+        b.d += x.d
+        return x
+
+    def on_mult(k, a, b):
+        x = T(a.v * b.v)
+        k.resume(x)
+        a.d += b.v * x.d
+        b.d += a.v * x.d
+        return x
+
+    def on_exp(k, a):
+        x = T(math.exp(a.v))
+        k.resume(x)
+        a.d = x.d * math.exp(a.v)
+        return x
+
+    def seed(r):
+        r.d = 1.0
+        return r
+
+    def run(f):
+        Handler(ret=seed, on={Add: on_add, Mult: on_mult, Exp: on_exp}).run(f)
+
+    def grad(f, x):
+        x = T(x)
+        run(lambda: f(x))
+        return x.d
+
+    def grad2(f, xy):
+        x, y = T(xy[0]), T(xy[1])
+        run(lambda: f(x, y))
+        return x.d, y.d
+
+    for x in map(float, range(11)):
+        assert grad(lambda x: x + x * x * x, x) == 1.0 + 3.0 * x * x
+        assert grad(lambda x: x * x + x * x * x, x) == 2.0 * x + 3.0 * x * x
+        assert grad(lambda x: exp(x + x), x) == 2.0 * math.exp(x + x)
+        for y in map(float, range(11)):
+            assert grad2(lambda x, y: x * x * y * y * y * y, (x, y)) == \
+                (2.0 * x * y * y * y * y, 4.0 * x * x * y * y * y)
+            assert grad2(lambda x, y: exp(x * y), (x, y)) == \
+                (y * math.exp(x * y), x * math.exp(x * y))
+
+
+# =============================================================================
+# Semantics the ports above rely on, checked directly
+# =============================================================================
+
+def test_effect_syntax_test6_unhandled_carries_the_effect():
+    E, F = fresh("es6.E"), fresh("es6.F")
+    ok = {"ok1": False, "ok2": True, "ok3": False}
+
+    def f(e, key):
+        try:
+            perform(e)
+        except Unhandled as u:
+            if u.effect is not E:
+                raise
+            ok[key] = not ok[key]
+
+    f(E, "ok1")
+    try:
+        f(F, "ok2")
+    except Unhandled:
+        pass
+    Handler(on={F: lambda k: failwith("assert false")}).run(f, E, "ok3")
+    assert ok == {"ok1": True, "ok2": True, "ok3": True}
+
+
+def test_when_test_continue_in_guard_then_again():
+    # effect-syntax/when_test.ml: `effect E, k when (continue k (); false)` then
+    # `effect E, k' -> continue k' ()`: the same continuation twice.
+    E = fresh("when_test.E")
+
+    def clause(k):
+        k.resume(None)  # the guard
+        return k.resume(None)
+
+    with pytest.raises(ContinuationAlreadyResumed):
+        Handler(on={E: clause}).run(perform, E)
+
+
+@pytest.mark.xfail(reason="kina_fx bug: a resume called by a C function (map, filter, "
+                          "sorted's key, functools.reduce...) that is itself in tail position "
+                          "of a clause is taken for a tail resume: the C function receives an "
+                          "internal _TailResume object and the continuation is consumed without "
+                          "ever running", strict=True)
+@pytest.mark.parametrize("style", ["map-lambda", "map-bound-method", "sorted-key"])
+def test_clause_resumes_through_a_c_function(style):
+    # OCaml: `List.map (continue k) [v]` in a handler clause.
+    E = fresh("cfun.E")
+    finished = []
+
+    def body():
+        r = perform(E, 1) + 10
+        finished.append(r)
+        return r
+
+    clauses = {
+        "map-lambda": lambda k, v: list(map(lambda x: k.resume(x), [v])),
+        "map-bound-method": lambda k, v: list(map(k.resume, [v])),
+        "sorted-key": lambda k, v: sorted([v], key=k.resume),
+    }
+    r = _in_own_thread(lambda: Handler(on={E: clauses[style]}).run(body))
+    assert finished == [11]
+    assert r == ([1] if style == "sorted-key" else [11])
+
+
+def test_ret_and_exc_clauses_run_outside_their_handler():
+    # OCaml: retc / exnc run after the handler's fiber is gone, so an effect they
+    # perform goes to the handlers outside, never to the same handler.
+    E = fresh("retexc.E")
+    outer = Handler(on={E: lambda k: k.resume("outer")})
+    inner_ret = Handler(on={E: lambda k: "inner (wrong)"}, ret=lambda v: perform(E))
+    inner_exc = Handler(on={E: lambda k: "inner (wrong)"}, exc=lambda e: perform(E))
+    assert outer.run(lambda: inner_ret.run(lambda: 1)) == "outer"
+    assert outer.run(lambda: inner_exc.run(lambda: 1 / 0)) == "outer"
+
+
+def test_discontinue_with_unstarted_fiber():
+    # Effect.Shallow.discontinue_with (fiber f) e h: f never runs, h's exnc sees e.
+    ran = []
+    k = fiber(ran.append)
+    r = k.discontinue_with(KeyError("x"), Handler(exc=lambda e: ("exnc", repr(e))))
+    assert r == ("exnc", "KeyError('x')") and ran == []
+    with pytest.raises(ContinuationAlreadyResumed):
+        k.resume_with(1, Handler())
+
+
+def test_tutorial_collect_long_non_tail_chain():
+    # tutorial.ml's `collect` (s ^ continue k ()) over 20_000 prints: 20_000
+    # nested non-tail resumes.
+    Print = fresh("tutorial_long.Print")
+
+    def many():
+        for i in range(20_000):
+            perform(Print, "x" if i % 2 else "y")
+
+    r = Handler(on={Print: lambda k, s: s + k.resume(None)}, ret=lambda _: "").run(many)
+    assert r == "yx" * 10_000
+
+
+def test_resumed_continuation_sees_the_resumers_handlers():
+    # Deep semantics: the effects a resumed continuation does not handle itself
+    # go to the handlers of whoever resumes it, not of whoever captured it.
+    Y, Log = fresh("ctx.Y"), fresh("ctx.Log")
+
+    def body():
+        perform(Y, 1)
+        return perform(Log, "hello")
+
+    def capture():
+        capturer = Handler(on={Log: lambda k, s: k.resume("capturer (wrong)")})
+        return capturer.run(lambda: Handler(on={Y: lambda k, v: k}).run(body))
+
+    k = capture()
+    assert Handler(on={Log: lambda k, s: k.resume("resumer")}).run(k.resume, None) == "resumer"
+    k = capture()
+    with Handler(fun={Log: lambda s: "resumer fun"}):
+        assert k.resume(None) == "resumer fun"
+    k = capture()
+    with pytest.raises(Unhandled):
+        k.resume(None)
+
+
+def test_abandoned_inverted_iterator_is_unwound():
+    # The manual's `invert`: a consumer that stops early drops the continuation;
+    # the producer's finally block runs (OCaml leaks it unless discontinued).
+    Y = fresh("abandon.Y")
+    log = []
+
+    def producer(f):
+        try:
+            for i in range(5):
+                f(i)
+        finally:
+            log.append("producer finally")
+
+    seq = lambda: Handler(ret=lambda _: None,  # noqa: E731
+                          on={Y: lambda k, v: (v, lambda: k.resume(None))}
+                          ).run(producer, lambda v: perform(Y, v))
+    node = seq()
+    node = node[1]()
+    assert node[0] == 1 and log == []
+    del node
+    gc.collect()
+    assert log == ["producer finally"]
+
+
+def test_schedulers_in_several_threads():
+    # Each OS thread runs its own sched.ml-style scheduler at the same time.
+    def program(n):
+        Fork, Yield = fresh("threads.Fork"), fresh("threads.Yield")
+        q, count = [], [0]
+
+        def dequeue(*_):
+            return q.pop(0).resume(None) if q else "done"
+
+        def on_yield(k):
+            q.append(k)
+            return dequeue()
+
+        def on_fork(k, f):
+            q.append(k)
+            return spawn(f)
+
+        def spawn(f):
+            return Handler(ret=dequeue, on={Yield: on_yield, Fork: on_fork}).run(f)
+
+        def worker():
+            for _ in range(n):
+                count[0] += 1
+                perform(Yield)
+
+        return spawn(lambda: [perform(Fork, worker) for _ in range(3)]), count[0]
+
+    results = [None] * 4
+
+    def target(i):
+        results[i] = program(2_000)
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [("done", 6_000)] * 4
+
+
 # =============================================================================
 # Skipped programs (no meaningful Python port):
 #
