@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-from . import gpu_ops, memref
+from . import ffi_effects, gpu_ops, memref
 from .errors import GpuError, InternalError, Status, ValidationError, status_of
 
 F32 = np.dtype(np.float32)
@@ -193,6 +193,8 @@ def attach(ffi, lib) -> None:
     """
     global _lib
     _lib = lib
+    callbacks = dict(CALLBACKS)
+    callbacks.update(ffi_effects.attach(ffi))
     names = []
     i = 0
     while True:
@@ -201,11 +203,11 @@ def attach(ffi, lib) -> None:
             break
         names.append(ffi.string(name).decode())
         i += 1
-    missing = [n for n in names if n not in CALLBACKS]
+    missing = [n for n in names if n not in callbacks]
     if missing:
         raise InternalError(f"kina_fx.ffi has no callback for {missing}")
     for name in names:
-        ffi.def_extern(name=name, error=int(Status.INTERNAL), onerror=_onerror)(CALLBACKS[name])
+        ffi.def_extern(name=name, error=int(Status.INTERNAL), onerror=_onerror)(callbacks[name])
 
 
 # ---- loading the library from Python -------------------------------------------

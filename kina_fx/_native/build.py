@@ -24,6 +24,11 @@ MODULE = "_kina_fx_embedded"
 
 TYPES_CDEF = """
 typedef struct { int64_t rank; void *descriptor; } kina_unranked_memref_t;
+typedef uint64_t kina_fiber_t;
+typedef uint64_t kina_handler_t;
+typedef int64_t (*kina_fiber_fn)(void *arg);
+typedef int32_t (*kina_handler_fn)(void *ctx, int32_t effect, const int64_t *args,
+                                   int32_t nargs, int64_t *out_value);
 static void kina__set_last_error(const char *message);
 static void kina__set_init_error(const char *message);
 static const char *kina__callback_name(int i);
@@ -49,14 +54,19 @@ except BaseException as exc:
     lib.kina__set_init_error(text.encode("utf-8", "replace")[:1000])
 """
 
+# The files holding X(...) export lines: the memref runtime and the effects ABI.
+EXPORT_TABLES = ("kina_runtime.c", "kina_effects_exports.h")
+
 _EXPORT_LINE = re.compile(r"^\s*X\((\w+),\s*(\w+),\s*\(([^)]*)\),\s*\(([^)]*)\)\)", re.M)
 
 
 def exports(source: str | None = None) -> list[tuple[str, str, str]]:
     """``(exported name, Python callback name, parameter list)`` per KINA_EXPORTS line."""
     if source is None:
-        with open(os.path.join(HERE, "kina_runtime.c")) as f:
-            source = f.read()
+        source = ""
+        for name in EXPORT_TABLES:
+            with open(os.path.join(HERE, name)) as f:
+                source += f.read()
     return [(m.group(1), m.group(2), m.group(3).strip()) for m in _EXPORT_LINE.finditer(source)]
 
 
@@ -65,7 +75,7 @@ def make_ffi():
 
     with open(os.path.join(HERE, "kina_runtime.c")) as f:
         source = f.read()
-    table = exports(source)
+    table = exports()
     if not table:
         raise RuntimeError("no KINA_EXPORTS entries found in kina_runtime.c")
     ffibuilder = cffi.FFI()

@@ -9,8 +9,9 @@
  * call the static `extern "Python"` function that kina_fx/ffi.py attaches with
  * @ffi.def_extern(error=5, onerror=...).
  *
- * Adding an export: one line in KINA_EXPORTS below, its prototype in
- * kina_fx.h, and a function of the same Python name in kina_fx/ffi.py.
+ * Adding an export: one line in KINA_EXPORTS below (or, for the effects ABI,
+ * in kina_effects_exports.h), its prototype in kina_fx.h, and a function of
+ * the same Python name in kina_fx/ffi.py (kina_fx/ffi_effects.py).
  * build.py reads KINA_EXPORTS to declare the `extern "Python"` functions.
  *
  * Nothing here keeps a pointer into a caller's stack beyond one call: hosts may
@@ -27,6 +28,7 @@
 #include <unistd.h>
 
 #include "kina_fx.h"
+#include "kina_effects_exports.h"
 
 #define KINA_API __attribute__((visibility("default")))
 
@@ -235,11 +237,13 @@ static int32_t kina__ensure_python(void)
     }
 
 KINA_EXPORTS(KINA_DEFINE_EXPORT)
+KINA_EFFECT_EXPORTS(KINA_DEFINE_EXPORT)
 
 /* The Python names of the callbacks, for kina_fx.ffi.attach() to check that
  * every one is attached. */
 #define KINA_NAME_OF(name, pyname, params, args) #pyname,
-static const char *const kina__callback_names[] = {KINA_EXPORTS(KINA_NAME_OF) NULL};
+static const char *const kina__callback_names[] = {
+    KINA_EXPORTS(KINA_NAME_OF) KINA_EFFECT_EXPORTS(KINA_NAME_OF) NULL};
 
 static const char *kina__callback_name(int i)
 {
