@@ -25,9 +25,16 @@ def abi():
     return Abi()
 
 
-@pytest.fixture(autouse=True)
-def cpu_backend(monkeypatch):
-    monkeypatch.setenv("KINA_FX_DEVICE", "cpu")
+# Every test runs on the CPU backend, and on CUDA too where CuPy sees a device
+# (tests/gpu/run_gpu_checks.sh on a GPU machine).
+DEVICES = ["cpu"] + (["cuda"] if gpu_ops.cupy_module() is not None else [])
+
+
+@pytest.fixture(autouse=True, params=DEVICES)
+def backend(request, monkeypatch):
+    monkeypatch.setenv("KINA_FX_DEVICE", request.param)
+    yield request.param
+    gpu_ops.free_all()
 
 
 @pytest.fixture
@@ -207,7 +214,7 @@ def test_copies(abi, rng, name, dtype, shape, layout):
     np.testing.assert_array_equal(dst, src)
 
 
-@pytest.mark.parametrize("device", [-1, 1, 7])
+@pytest.mark.parametrize("device", [-1, 4096, 1 << 30])
 def test_copy_to_device_checks_the_device_ordinal(abi, device):
     dst = np.zeros(3, np.float32)
     assert abi.call("_mlir_ciface_runtime_copy_to_device_f32", dst, np.ones(3, np.float32), device) == VALIDATION
@@ -240,7 +247,7 @@ def test_alloc_fills_the_descriptor_in_place(abi, sizes, element_size, dtype):
     view = memref.numpy_view(d, dtype)
     view[...] = np.arange(view.size, dtype=dtype).reshape(view.shape)
     assert d.aligned in gpu_ops.allocations()
-    assert gpu_ops.allocations()[d.aligned] == ("cpu", int(np.prod(sizes)) * element_size)
+    assert gpu_ops.allocations()[d.aligned] == (gpu_ops.device(), int(np.prod(sizes)) * element_size)
     assert abi.call("runtime_gpu_free_all") == OK
     assert gpu_ops.allocations() == {}
 
@@ -381,8 +388,8 @@ def test_python_failures_become_codes_silently(abi, monkeypatch, capfd, exc, sta
     assert captured.out == "" and captured.err == ""
 
 
-def test_cuda_requested_without_a_device_is_a_gpu_error(abi, monkeypatch):
-    if gpu_ops.cupy_module() is not None:
+def test_cuda_requested_without_a_device_is_a_gpu_error(abi, monkeypatch, backend):
+    if backend != "cpu" or gpu_ops.cupy_module() is not None:
         pytest.skip("a CUDA device is present")
     monkeypatch.setenv("KINA_FX_DEVICE", "cuda")
     out = np.zeros((2, 2), np.float32)
