@@ -226,6 +226,22 @@ int32_t _mlir_ciface_runtime_gpu_softmax_f32(kina_unranked_memref_t *, kina_unra
 int32_t _mlir_ciface_runtime_gpu_repeat_interleave_f32(kina_unranked_memref_t *, kina_unranked_memref_t *, int32_t, int32_t);
 int32_t _mlir_ciface_runtime_gpu_alloc_unranked(kina_unranked_memref_t *, int32_t);
 int32_t runtime_gpu_free_all(void);
+typedef uint64_t kina_fiber_t;
+typedef uint64_t kina_handler_t;
+typedef int64_t (*kina_fiber_fn)(void *arg);
+typedef int32_t (*kina_handler_fn)(void *ctx, int32_t effect, const int64_t *args, int32_t nargs, int64_t *out_value);
+int32_t kina_effect_id(const char *name, int32_t *out_id);
+int32_t kina_fiber_create(kina_fiber_fn entry, void *arg, const int32_t *catch_effects, int32_t ncatch, kina_fiber_t *out_fiber);
+int32_t kina_resume_fiber(kina_fiber_t fiber, int64_t value, int32_t *out_state);
+int32_t kina_get_perform_id(kina_fiber_t fiber, int32_t *out_effect);
+int32_t kina_get_perform_args(kina_fiber_t fiber, int64_t *out_args, int32_t cap, int32_t *out_nargs);
+int32_t kina_fiber_state(kina_fiber_t fiber, int32_t *out_state);
+int32_t kina_fiber_result(kina_fiber_t fiber, int64_t *out_value);
+int32_t kina_cancel_fiber(kina_fiber_t fiber, int32_t *out_state);
+int32_t kina_fiber_destroy(kina_fiber_t fiber);
+int32_t kina_perform(int32_t effect, const int64_t *args, int32_t nargs, int64_t *out_value);
+int32_t kina_push_handler(kina_handler_fn fn, void *ctx, const int32_t *effects, int32_t neffects, kina_handler_t *out_handler);
+int32_t kina_pop_handler(kina_handler_t handler);
 """
 
 _loaded = None
