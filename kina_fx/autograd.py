@@ -1393,7 +1393,11 @@ class Tape:
     def __enter__(self):
         if self._live:
             raise ValidationError(f"{self!r} is already recording")
-        fun = {p.effect: _tape_clause(self, p) for p in PRIMITIVES.values()}
+        nodes = self._nodes
+        if len(_tape_factories) != len(PRIMITIVES):
+            _tape_factories[:] = [(p.effect, prim_clause_factory(p))
+                                  for p in PRIMITIVES.values()]
+        fun = {eff: make(self, nodes) for eff, make in _tape_factories}
         fun[_STOP_GRADIENT] = _stop_clause(self)
         fun[BACKWARD_OBSERVED] = _yes
         self._handler = Handler(fun=fun)
@@ -1525,14 +1529,31 @@ def _own(tape, x):
 
 
 def _tape_clause(tape, prim):
-    """The tape's ``fun`` clause for ``prim`` (specialised for 1 and 2 inputs)."""
-    eff = prim.effect
-    rule = prim.vjp
-    nodes = tape._nodes
-    nin = prim.nin
-    diff = prim.diff
+    """The tape's ``fun`` clause for ``prim``."""
+    return prim_clause_factory(prim)(tape, tape._nodes)
 
-    if nin == 1:
+
+def prim_clause_factory(prim):
+    """``make(tape, nodes) -> clause``, built once per primitive, so that a new
+    tape (one per ``grad`` call) only creates its closures."""
+    factory = _factories.get(prim.name)
+    if factory is None:
+        if prim.nin == 1:
+            factory = _unary_factory(prim.effect, prim.vjp)
+        elif prim.nin == 2 and prim.diff == (True, True):
+            factory = _binary_factory(prim.effect, prim.vjp, *prim.vjp_sides)
+        else:
+            factory = _general_factory(prim.effect, prim.vjp, prim.nin, prim.diff)
+        _factories[prim.name] = factory
+    return factory
+
+
+_factories = {}
+_tape_factories = []       # [(effect, make)] for every primitive, built on first use
+
+
+def _unary_factory(eff, rule):
+    def make(tape, nodes):
         def clause(x, *params):
             if x.__class__ is Tensor:
                 if x._trace is tape:
@@ -1552,10 +1573,11 @@ def _tape_clause(tape, prim):
                         return clause(_box(x, tape, i), *params)
             return perform(eff, x, *params)
         return clause
+    return make
 
-    if nin == 2 and diff == (True, True):
-        rule_a, rule_b = prim.vjp_sides
 
+def _binary_factory(eff, rule, rule_a, rule_b):
+    def make(tape, nodes):
         def clause(a, b):
             ia = ib = -1
             if a.__class__ is Tensor:
@@ -1587,21 +1609,26 @@ def _tape_clause(tape, prim):
             r._id = i
             return r
         return clause
+    return make
 
-    def clause(*args):
-        ids = []
-        inner = list(args)
-        for k in range(nin):
-            i, inner[k] = _own(tape, args[k])
-            ids.append(i if diff[k] else -1)
-        out = perform(eff, *inner)
-        if _pymax(ids) < 0:
-            return out
-        i = tape._n
-        tape._n = i + 1
-        nodes.append((rule, i, tuple(ids), tuple(inner[:nin]), tuple(inner[nin:]), out))
-        return _box(out, tape, i)
-    return clause
+
+def _general_factory(eff, rule, nin, diff):
+    def make(tape, nodes):
+        def clause(*args):
+            ids = []
+            inner = list(args)
+            for k in range(nin):
+                i, inner[k] = _own(tape, args[k])
+                ids.append(i if diff[k] else -1)
+            out = perform(eff, *inner)
+            if _pymax(ids) < 0:
+                return out
+            i = tape._n
+            tape._n = i + 1
+            nodes.append((rule, i, tuple(ids), tuple(inner[:nin]), tuple(inner[nin:]), out))
+            return _box(out, tape, i)
+        return clause
+    return make
 
 
 def _stop_clause(trace):
