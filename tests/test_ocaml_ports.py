@@ -2509,6 +2509,162 @@ def test_examples_algorithmic_differentiation():
                 (y * math.exp(x * y), x * math.exp(x * y))
 
 
+# --- mvar/sched.ml + mvar/MVar.ml + mvar/MVar_test.ml --------------------------
+
+def test_examples_mvar():
+    Fork, Yield = fresh("mvar.Fork"), fresh("mvar.Yield")
+    Suspend, Resume = fresh("mvar.Suspend"), fresh("mvar.Resume")
+    out = Out()
+
+    def run(main):
+        run_q = []
+
+        def enqueue(t, v):
+            run_q.append(lambda: t.resume(v))
+
+        def dequeue(*_):
+            if run_q:
+                return run_q.pop(0)()
+            return None
+
+        def on_yield(k):
+            enqueue(k, None)
+            return dequeue()
+
+        def on_fork(k, f):
+            enqueue(k, None)
+            return spawn(f)
+
+        def on_suspend(k, f):
+            f(k)
+            return dequeue()
+
+        def on_resume(k, k2, v):
+            enqueue(k2, v)
+            k.resume(None)  # `ignore (continue k ())`: not in tail position
+
+        def spawn(f):
+            return Handler(ret=dequeue, exc=reraise,
+                           on={Yield: on_yield, Fork: on_fork,
+                               Suspend: on_suspend, Resume: on_resume}).run(f)
+
+        return spawn(main)
+
+    # MVar: ("Full", v, [(v', k)...]) | ("Empty", [k...])
+    mv = [("Empty", [])]
+
+    def put(v):
+        st = mv[0]
+        if st[0] == "Full":
+            perform(Suspend, lambda k: st[2].append((v, k)))
+        elif not st[1]:
+            mv[0] = ("Full", v, [])
+        else:
+            perform(Resume, st[1].pop(0), v)
+
+    def take():
+        st = mv[0]
+        if st[0] == "Empty":
+            return perform(Suspend, lambda k: st[1].append(k))
+        _, v, q = st
+        if not q:
+            mv[0] = ("Empty", [])
+            return v
+        v2, t = q.pop(0)
+        mv[0] = ("Full", v2, q)
+        perform(Resume, t, None)
+        return v
+
+    def put_(x):
+        out.line(f"Before put: {x}")
+        put(x)
+        out.line(f"After put: {x}")
+
+    def get_():
+        out.line("Before get")
+        v = take()
+        out.line(f"After get: {v}")
+        return v
+
+    def main():
+        put_("1")
+        perform(Fork, lambda: put_("2"))
+        perform(Fork, lambda: put_("3"))
+        for _ in range(3):
+            perform(Fork, get_)
+
+    run(main)
+    assert out.text == """Before put: 1
+After put: 1
+Before put: 2
+Before put: 3
+Before get
+After get: 1
+Before get
+After get: 2
+After put: 2
+Before get
+After get: 3
+After put: 3
+"""
+
+
+# --- loop.ml: the handler answers Foo with a thunk that performs Foo again ------
+# (OCaml loops forever in constant stack; the Python body nests one frame per
+# round because `perform Foo ()` is not a tail call, so the port stops at 300.)
+
+def test_examples_loop():
+    Foo = fresh("loop.Foo")
+    rounds = [0]
+
+    def f():
+        return perform(Foo)()
+
+    def clause(k):
+        rounds[0] += 1
+        if rounds[0] > 300:
+            return "stopped"  # drops k: unwound
+        return k.resume(lambda: perform(Foo)())
+
+    assert Handler(ret=lambda x: x, on={Foo: clause}).run(f) == "stopped"
+    assert rounds[0] == 301
+
+
+# --- generators inside generators (same effect at every level) ------------------
+
+def test_nested_inverted_iterators_same_effect():
+    Y = fresh("nested_gen.Y")
+
+    def invert(iter_):
+        return lambda: Handler(ret=lambda _: None,
+                               on={Y: lambda k, v: (v, lambda: k.resume(None))}
+                               ).run(iter_, lambda v: perform(Y, v))
+
+    def seq_iter(seq, f):
+        while (node := seq()) is not None:
+            v, seq = node
+            f(v)
+
+    def tree_iter(t):
+        def it(f):
+            for x in t:
+                if isinstance(x, list):
+                    seq_iter(invert(tree_iter(x)), f)  # re-yield a child sequence
+                else:
+                    f(x)
+        return it
+
+    def flat(t):
+        return [y for x in t for y in (flat(x) if isinstance(x, list) else [x])]
+
+    t = [1, [2, [3, 4], 5], [[[6]]], 7]
+    for i in range(150):
+        t = [i, t, [i, [i]]]
+    got = []
+    seq_iter(invert(tree_iter(t)), got.append)
+    assert got == flat(t)
+
+
 # =============================================================================
 # Semantics the ports above rely on, checked directly
 # =============================================================================
