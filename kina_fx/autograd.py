@@ -1016,8 +1016,11 @@ def _cross_entropy_k(logits, labels):
         raise ValidationError(
             f"cross_entropy: labels of shape {labels.shape} for logits {logits.shape}")
     lsm = gpu_ops.log_softmax(logits, -1)
-    picked = xp.take_along_axis(lsm, labels[..., None].astype(np.intp), axis=-1)
-    return -picked.mean()
+    c = logits.shape[-1]
+    flat = lsm.reshape(-1, c)
+    n = flat.shape[0]
+    picked = flat[xp.arange(n), labels.reshape(-1)]
+    return -(picked.sum() / _pymax(n, 1))
 
 
 def _cross_entropy_vjp(o, g, out, args, params, ids):
@@ -1716,8 +1719,26 @@ def _jvp_clause(trace, prim):
 # --- pytrees --------------------------------------------------------------------
 
 
+def _leaf_rebuild(ls):
+    return ls[0]
+
+
+def _has_tensor(tree):
+    """Whether a pytree holds a Tensor leaf (then outputs are Tensors too)."""
+    if tree.__class__ is Tensor:
+        return True
+    if isinstance(tree, (tuple, list)):
+        return any(_has_tensor(c) for c in tree)
+    if isinstance(tree, dict):
+        return any(_has_tensor(c) for c in tree.values())
+    return False
+
+
 def _flatten(tree):
     """(leaves, rebuild): tuples, lists, dicts and None are nodes, the rest leaves."""
+    cls = tree.__class__
+    if cls is _ndarray or cls is Tensor or cls is float:
+        return [tree], _leaf_rebuild
     if isinstance(tree, (tuple, list)):
         parts = [_flatten(c) for c in tree]
         leaves = [leaf for ls, _ in parts for leaf in ls]
@@ -1742,7 +1763,7 @@ def _flatten(tree):
         return leaves, lambda ls: kind(zip(keys, rb(ls)))
     if tree is None:
         return [], lambda ls: None
-    return [tree], lambda ls: ls[0]
+    return [tree], _leaf_rebuild
 
 
 def _as_input(x):
@@ -1816,7 +1837,7 @@ def value_and_grad(f, argnums=0, has_aux=False):
     def vg(*args, **kwargs):
         single, nums = _argnums(argnums, len(args))
         args = list(args)
-        wrap = any(leaf.__class__ is Tensor for a in args for leaf in _flatten(a)[0])
+        wrap = any(_has_tensor(a) for a in args)
         tape = Tape()
         structs = []
         with tape:
@@ -1867,7 +1888,7 @@ def vjp(f, *primals):
     """``(f(*primals), vjp_fn)``; ``vjp_fn(cotangent)`` (same structure as the
     output) returns a tuple with one cotangent per primal.  ``vjp_fn`` may be
     called any number of times."""
-    wrap = any(leaf.__class__ is Tensor for p in primals for leaf in _flatten(p)[0])
+    wrap = any(_has_tensor(p) for p in primals)
     tape = Tape()
     structs = []
     args = []
@@ -1912,7 +1933,7 @@ def jvp(f, primals, tangents):
         raise ValidationError("jvp takes primals and tangents as tuples")
     if len(primals) != len(tangents):
         raise ValidationError("jvp: primals and tangents differ in length")
-    wrap = any(leaf.__class__ is Tensor for p in primals for leaf in _flatten(p)[0])
+    wrap = any(_has_tensor(p) for p in primals)
     trace = _JVPTrace()
     args = []
     with trace:
