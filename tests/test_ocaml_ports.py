@@ -2609,6 +2609,112 @@ After put: 3
 """
 
 
+# --- eratosthenes.ml: processes with pids + a mailbox handler outside them -----
+# Send/Recv travel through the process scheduler's handler (which does not name
+# them) to the mailbox handler; the mailbox clauses are tail-resumptive, so the
+# port also runs them as `fun` clauses, in a `with` block and via run().
+
+@pytest.mark.parametrize("mailbox_style", ["on", "fun", "with"])
+def test_examples_eratosthenes(mailbox_style):
+    Spawn, Yield = fresh("era.Spawn"), fresh("era.Yield")
+    Send, Recv = fresh("era.Send"), fresh("era.Recv")
+    out = Out()
+    STOP = "Stop"
+
+    def spawn(p):
+        return perform(Spawn, p)
+
+    def yield_():
+        perform(Yield)
+
+    def send(pid, msg):
+        perform(Send, pid, msg)
+        yield_()
+
+    def recv(pid):
+        while True:
+            m = perform(Recv, pid)
+            if m is not None:
+                return m
+            yield_()
+
+    def mailbox(f):
+        boxes = {}
+
+        def push(pid, msg):
+            boxes.setdefault(pid, []).append(msg)
+
+        def pop(pid):
+            q = boxes.get(pid)
+            return q.pop(0) if q else None
+
+        if mailbox_style == "on":
+            return Handler(on={Send: lambda k, pid, msg: k.resume(push(pid, msg)),
+                               Recv: lambda k, who: k.resume(pop(who))}).run(f)
+        h = Handler(fun={Send: push, Recv: pop})
+        if mailbox_style == "fun":
+            return h.run(f)
+        with h:
+            return f()
+
+    def run(main):
+        def go():
+            run_q = []
+            pid = [-1]
+
+            def dequeue(*_):
+                return run_q.pop(0)() if run_q else None
+
+            def on_yield(k):
+                run_q.append(lambda: k.resume(None))
+                return dequeue()
+
+            def on_spawn(k, p):
+                run_q.append(lambda: k.resume(pid[0]))  # !pid read when resumed, as in OCaml
+                return spawn_(p)
+
+            def spawn_(f):
+                pid[0] += 1
+                return Handler(ret=dequeue, on={Yield: on_yield, Spawn: on_spawn}).run(f, pid[0])
+
+            return spawn_(main)
+        return go
+
+    n = 101
+
+    def generator(_pid):
+        first = spawn(sieve)
+        out(f"Primes in [2..{n}]: ")
+        for i in range(2, n + 1):
+            send(first, i)
+        send(first, STOP)
+        out("\n")
+
+    def sieve(mypid):
+        msg = recv(mypid)
+        if msg == STOP:
+            return
+        myprime = msg
+        out(f"{myprime} ")
+        succ = None
+        while True:
+            msg = recv(mypid)
+            if msg != STOP and msg % myprime != 0:
+                if succ is None:
+                    succ = spawn(sieve)
+                send(succ, msg)
+            elif msg == STOP:
+                if succ is not None:
+                    send(succ, STOP)
+                return
+
+    mailbox(run(generator))
+    text = out.text
+    assert text.startswith(f"Primes in [2..{n}]: ") and text.count("\n") == 1
+    printed = [int(t) for t in text[len(f"Primes in [2..{n}]: "):].split()]
+    assert printed == [q for q in range(2, n + 1) if _isprime(q)]
+
+
 # --- loop.ml: the handler answers Foo with a thunk that performs Foo again ------
 # (OCaml loops forever in constant stack; the Python body nests one frame per
 # round because `perform Foo ()` is not a tail call, so the port stops at 300.)
