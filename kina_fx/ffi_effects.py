@@ -104,11 +104,13 @@ def to_int64(value, what: str) -> int:
 
 
 def _args_from_c(args, nargs) -> tuple:
+    if nargs == 0:
+        return ()
     if nargs < 0 or nargs > MAX_ARGS:
         raise ValidationError(f"nargs must be in [0, {MAX_ARGS}], got {nargs}")
-    if nargs and args == _ffi.NULL:
+    if not args:
         raise ValidationError("args is NULL but nargs > 0")
-    return tuple(args[i] for i in range(nargs))
+    return tuple(args[0:nargs])
 
 
 def _effect(effect_id: int) -> Effect:
@@ -116,7 +118,7 @@ def _effect(effect_id: int) -> Effect:
 
 
 def _require(ptr, name: str) -> None:
-    if ptr == _ffi.NULL:
+    if not ptr:                     # a NULL cdata pointer is falsy
         raise ValidationError(f"{name} is NULL")
 
 
@@ -140,8 +142,10 @@ def _c_clause(fn, ctx, effect):
         n = len(args)
         if n > MAX_ARGS:
             raise ValidationError(f"a C handler takes at most {MAX_ARGS} arguments, got {n}")
-        buf = _ffi.new("int64_t[]", [to_int64(a, f"argument {i} of {effect.name}")
-                                     for i, a in enumerate(args)] or 1)
+        buf = _ffi.new("int64_t[]", n or 1)
+        for i, a in enumerate(args):
+            buf[i] = a if type(a) is int and INT64_MIN <= a <= INT64_MAX else \
+                to_int64(a, f"argument {i} of {effect.name}")
         out = _ffi.new("int64_t *")
         rc = fn(ctx, effect_id, buf, n, out)
         if rc == HANDLED:
@@ -175,7 +179,7 @@ def kina_py_perform(effect, args, nargs, out_value):
 def kina_py_push_handler(fn, ctx, effects, neffects, out_handler):
     _require(fn, "fn")
     _require(out_handler, "out_handler")
-    if neffects <= 0 or effects == _ffi.NULL:
+    if neffects <= 0 or not effects:
         raise ValidationError("kina_push_handler needs at least one effect id")
     handler = CHandler(fn, ctx, [_effect(effects[i]) for i in range(neffects)])
     handlers.push_handler(handler)
@@ -195,7 +199,7 @@ def kina_py_pop_handler(handle):
 def kina_py_fiber_create(entry, arg, catch_effects, ncatch, out_fiber):
     _require(entry, "entry")
     _require(out_fiber, "out_fiber")
-    if ncatch < 0 or (ncatch and catch_effects == _ffi.NULL):
+    if ncatch < 0 or (ncatch and not catch_effects):
         raise ValidationError("catch_effects is NULL but ncatch > 0")
     catch = None if ncatch == 0 else [_effect(catch_effects[i]) for i in range(ncatch)]
     stepper = Stepper(_run_entry, entry, arg, catch=catch)
@@ -215,7 +219,7 @@ def _fiber(handle) -> Stepper:
 
 
 def _report(stepper, out_state) -> int:
-    if out_state != _ffi.NULL:
+    if out_state:
         out_state[0] = FIBER_STATES[stepper.state]
     if stepper.state == Stepper.FAILED:
         raise stepper.error    # its status and message reach the host
@@ -244,7 +248,7 @@ def kina_py_get_perform_args(handle, out_args, cap, out_nargs):
         raise ValidationError(f"the fiber is {stepper.state}, not suspended in a perform")
     args = [to_int64(a, f"argument {i} of {stepper.effect.name}") for i, a in enumerate(stepper.args)]
     out_nargs[0] = len(args)
-    if len(args) > cap or (args and out_args == _ffi.NULL):
+    if len(args) > cap or (args and not out_args):
         raise ValidationError(f"the perform has {len(args)} arguments; out_args holds {cap}")
     for i, a in enumerate(args):
         out_args[i] = a
@@ -272,7 +276,7 @@ def kina_py_cancel_fiber(handle, out_state):
         raise ValidationError("the fiber is running; it cannot be cancelled from inside itself")
     if stepper.state in (Stepper.NEW, Stepper.SUSPENDED):
         stepper.cancel()
-    if out_state != _ffi.NULL:
+    if out_state:
         out_state[0] = FIBER_STATES[stepper.state]
     return 0
 
