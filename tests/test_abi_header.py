@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kina_fx import ffi as kffi
+from kina_fx import ffi_effects
 from kina_fx.errors import Status
 from kina_fx.memref import MAX_RANK
 
@@ -48,12 +49,17 @@ def test_export_table_header_and_callbacks_agree():
         "_mlir_ciface_runtime_copy_to_host_f32", "_mlir_ciface_runtime_gpu_matmul_f32",
         "_mlir_ciface_runtime_gpu_gather_f32", "_mlir_ciface_runtime_gpu_softmax_f32",
         "_mlir_ciface_runtime_gpu_repeat_interleave_f32", "_mlir_ciface_runtime_gpu_alloc_unranked",
-        "runtime_gpu_free_all"}
+        "runtime_gpu_free_all",
+        # the effects C ABI (kina_effects_exports.h, callbacks in kina_fx.ffi_effects)
+        "kina_effect_id", "kina_fiber_create", "kina_resume_fiber", "kina_get_perform_id",
+        "kina_get_perform_args", "kina_fiber_state", "kina_fiber_result", "kina_cancel_fiber",
+        "kina_fiber_destroy", "kina_perform", "kina_push_handler", "kina_pop_handler"}
+    callbacks = {**kffi.CALLBACKS, **ffi_effects.CALLBACKS}
     for name, py, _ in table:
         assert re.search(rf"\bint32_t {name}\(", HEADER), f"{name} is not declared in kina_fx.h"
         assert re.search(rf"\bint32_t {name}\(", kffi.CDEF), f"{name} is not in ffi.CDEF"
-        assert py in kffi.CALLBACKS, f"kina_fx.ffi lacks {py}"
-    assert set(kffi.CALLBACKS) == {py for _, py, _ in table}
+        assert py in callbacks, f"kina_fx.ffi / ffi_effects lack {py}"
+    assert set(callbacks) == {py for _, py, _ in table}
 
 
 def test_installed_header_is_the_source_header():
