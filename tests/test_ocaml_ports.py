@@ -3008,6 +3008,135 @@ def test_base_exceptions_skip_exc_and_propagate(exc_type):
     assert Handler(on={E: lambda k: k.resume(5)}).run(lambda: perform(E) + 1) == 6
 
 
+# --- differential check: `on` vs `fun` vs `with` vs a model --------------------
+# OCaml has only `on`-style clauses.  kina_fx documents a `fun` clause `g` as
+# meaning `match g x with v -> continue k v | exception e -> discontinue k e`.
+# Random handler stacks (clauses that re-perform other effects outwards or raise,
+# ret and exc clauses) run with every level in each style and must agree with a
+# direct model of deep-handler semantics.
+
+_EFFS = ["a", "b", "c"]
+
+
+class _Boom(Exception):
+    def __init__(self, v):
+        super().__init__(v)
+        self.v = v
+
+
+class _ModelUnhandled(Exception):
+    pass
+
+
+def _model(levels, body):
+    def answer(e, x, top):
+        for j in range(top - 1, -1, -1):
+            clause = levels[j]["clauses"].get(e)
+            if clause is not None:
+                mul, add, then = clause
+                if then == "raise":
+                    raise _Boom(x + add)
+                y = answer(then, x, j) if then else x
+                return y * mul + add
+        raise _ModelUnhandled(e)
+
+    def run_level(j):
+        if j == len(levels):
+            return sum(answer(e, x, j) for e, x in body)
+        try:
+            r = run_level(j + 1)
+        except _Boom as b:
+            if levels[j]["exc"] is None:
+                raise
+            return levels[j]["exc"] + b.v
+        return r * 2 + levels[j]["ret"]
+
+    try:
+        return run_level(0)
+    except _Boom as b:
+        return ("boom", b.v)
+    except _ModelUnhandled as u:
+        return ("unhandled", u.args[0])
+
+
+def _run_styles(levels, body, styles, effs):
+    def clause_fn(mul, add, then):
+        def compute(x):
+            if then == "raise":
+                raise _Boom(x + add)
+            y = perform(effs[then], x) if then else x
+            return y * mul + add
+        return compute
+
+    def on_clause(fn):
+        def clause(k, x):
+            try:
+                v = fn(x)
+            except Exception as e:
+                return k.discontinue(e)
+            return k.resume(v)
+        return clause
+
+    def run_level(j):
+        if j == len(levels):
+            return sum(perform(effs[e], x) for e, x in body)
+        lv = levels[j]
+        fns = {effs[e]: clause_fn(*c) for e, c in lv["clauses"].items()}
+        ret_add, exc_add = lv["ret"], lv["exc"]
+
+        def exc(e):
+            if exc_add is None or not isinstance(e, _Boom):
+                raise e
+            return exc_add + e.v
+
+        style = styles[j]
+        if style == "on":
+            on = {eff: on_clause(fn) for eff, fn in fns.items()}
+            return Handler(on=on, ret=lambda r: r * 2 + ret_add, exc=exc).run(run_level, j + 1)
+        if style == "fun":
+            return Handler(fun=fns, ret=lambda r: r * 2 + ret_add, exc=exc).run(run_level, j + 1)
+        try:
+            with Handler(fun=fns):
+                r = run_level(j + 1)
+        except _Boom as b:
+            return exc(b)
+        return r * 2 + ret_add
+
+    try:
+        return run_level(0)
+    except _Boom as b:
+        return ("boom", b.v)
+    except Unhandled as u:
+        return ("unhandled", u.effect.name.rsplit(".", 2)[-2])
+
+
+def test_on_fun_with_agree_with_model():
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    clause = st.tuples(st.integers(-3, 3), st.integers(-5, 5),
+                       st.sampled_from([None, "raise"] + _EFFS))
+    level = st.fixed_dictionaries({
+        "clauses": st.dictionaries(st.sampled_from(_EFFS), clause, max_size=3),
+        "ret": st.integers(-2, 2),
+        "exc": st.one_of(st.none(), st.integers(100, 110))})
+    program = st.tuples(st.lists(level, min_size=1, max_size=6),
+                        st.lists(st.tuples(st.sampled_from(_EFFS), st.integers(-9, 9)),
+                                 max_size=6),
+                        st.data())
+    effs = {e: Effect(f"ocaml_ports.diff.{e}.x") for e in _EFFS}
+
+    @hypothesis.settings(max_examples=200, deadline=None, derandomize=True)
+    @hypothesis.given(program)
+    def check(prog):
+        levels, body, data = prog
+        styles = data.draw(st.lists(st.sampled_from(["on", "fun", "with"]),
+                                    min_size=len(levels), max_size=len(levels)))
+        assert _run_styles(levels, body, styles, effs) == _model(levels, body), \
+            (styles, levels, body)
+
+    check()
+
+
 # =============================================================================
 # Skipped programs (no meaningful Python port):
 #
