@@ -3137,6 +3137,99 @@ def test_on_fun_with_agree_with_model():
     check()
 
 
+# --- differential check: sched.ml-style scheduler vs a generator model ---------
+# Random task trees (print / yield / fork / raise) run under the effects
+# scheduler of sched.ml (fork runs the child first, exnc logs and goes on) and
+# under the same scheduler written with Python generators; traces must match.
+
+def _sched_with_effects(spec):
+    Fork, Yield = fresh("dsched.Fork"), fresh("dsched.Yield")
+    trace, run_q = [], []
+
+    def task(actions):
+        def go():
+            for a in actions:
+                if a[0] == "print":
+                    trace.append(a[1])
+                elif a[0] == "yield":
+                    perform(Yield)
+                elif a[0] == "fork":
+                    perform(Fork, task(a[1]))
+                else:
+                    raise _Boom(a[1])
+        return go
+
+    def dequeue(*_):
+        return run_q.pop(0).resume(None) if run_q else None
+
+    def exnc(e):
+        trace.append(("exn", e.v))
+        return dequeue()
+
+    def on_yield(k):
+        run_q.append(k)
+        return dequeue()
+
+    def on_fork(k, f):
+        run_q.append(k)
+        return spawn(f)
+
+    def spawn(f):
+        return Handler(ret=dequeue, exc=exnc, on={Yield: on_yield, Fork: on_fork}).run(f)
+
+    spawn(task(spec))
+    return trace
+
+
+def _sched_with_generators(spec):
+    trace, run_q = [], []
+
+    def task(actions):
+        for a in actions:
+            if a[0] == "print":
+                trace.append(a[1])
+            elif a[0] == "yield":
+                yield ("yield",)
+            elif a[0] == "fork":
+                yield ("fork", a[1])
+            else:
+                raise _Boom(a[1])
+
+    current = task(spec)
+    while current is not None:
+        try:
+            op = next(current)
+        except StopIteration:
+            current = run_q.pop(0) if run_q else None
+            continue
+        except _Boom as b:
+            trace.append(("exn", b.v))
+            current = run_q.pop(0) if run_q else None
+            continue
+        run_q.append(current)
+        current = task(op[1]) if op[0] == "fork" else run_q.pop(0)
+    return trace
+
+
+def test_scheduler_agrees_with_generator_model():
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    leaf = st.one_of(st.tuples(st.just("print"), st.integers(0, 99)),
+                     st.tuples(st.just("yield")),
+                     st.tuples(st.just("raise"), st.integers(0, 9)))
+    actions = st.recursive(st.lists(leaf, max_size=5),
+                           lambda inner: st.lists(st.one_of(leaf, st.tuples(st.just("fork"), inner)),
+                                                  max_size=5),
+                           max_leaves=25)
+
+    @hypothesis.settings(max_examples=200, deadline=None, derandomize=True)
+    @hypothesis.given(actions)
+    def check(spec):
+        assert _sched_with_effects(spec) == _sched_with_generators(spec)
+
+    check()
+
+
 # =============================================================================
 # Skipped programs (no meaningful Python port):
 #
