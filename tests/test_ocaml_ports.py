@@ -3230,6 +3230,49 @@ def test_scheduler_agrees_with_generator_model():
     check()
 
 
+# --- differential check: shallow state loop vs deep state vs plain Python --------
+
+def test_shallow_and_deep_state_agree():
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    ops = st.lists(st.one_of(st.tuples(st.just("get")), st.tuples(st.just("set"), st.integers(-50, 50)),
+                             st.tuples(st.just("incr"))), max_size=40)
+    Get, Set = fresh("sdstate.Get"), fresh("sdstate.Set")
+
+    def prog(ops):
+        seen = []
+        for op in ops:
+            if op[0] == "get":
+                seen.append(perform(Get))
+            elif op[0] == "set":
+                perform(Set, op[1])
+            else:
+                perform(Set, perform(Get) + 1)
+        return seen
+
+    def plain(ops, init):
+        s, seen = init, []
+        for op in ops:
+            if op[0] == "get":
+                seen.append(s)
+            elif op[0] == "set":
+                s = op[1]
+            else:
+                s += 1
+        return seen, s
+
+    @hypothesis.settings(max_examples=150, deadline=None, derandomize=True)
+    @hypothesis.given(ops, st.integers(-5, 5))
+    def check(ops, init):
+        expected = plain(ops, init)
+        shallow = _handle_state(Get, Set, init, lambda _: prog(ops), None)
+        deep = _run_state(Get, Set, lambda: prog(ops))(init)
+        assert shallow == expected
+        assert deep == expected
+
+    check()
+
+
 # =============================================================================
 # Skipped programs (no meaningful Python port):
 #
