@@ -311,11 +311,12 @@ def _run_job(st):
         return (RETURNED, fn(*args))
     except Unwind:
         return None
-    except GreenletExit:
-        # greenlet is killing this worker: let it die, back on the killer.
-        st.current = st.current.unwinder
-        raise
     except BaseException as exc:  # the resumer decides what a failure means
+        if isinstance(exc, GreenletExit) and st.current.unwinder is not None:
+            # greenlet itself is killing this worker (see _switch): let it die,
+            # back on the killer.  A GreenletExit the job raised is just a result.
+            st.current = st.current.unwinder
+            raise
         return (RAISED, exc)
 
 

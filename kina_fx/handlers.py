@@ -316,8 +316,17 @@ class Continuation(Chain):
     def __del__(self):
         # Dropped without being used: run its cleanup (not at interpreter exit,
         # when greenlets can no longer be switched to).
-        if self.top is not None and not sys.is_finalizing():
+        if getattr(self, "top", None) is not None and not sys.is_finalizing():
             fibers.unwind(self)
+
+    def __reduce__(self):
+        raise TypeError("a continuation cannot be pickled: it is a suspended stack, used once")
+
+    def __copy__(self):
+        raise TypeError("a continuation cannot be copied: it is one-shot")
+
+    def __deepcopy__(self, memo):
+        raise TypeError("a continuation cannot be copied: it is one-shot")
 
     @property
     def resumed(self) -> bool:
@@ -520,6 +529,9 @@ def _drive(chain, send):
         return result
 
 
+_DRIVE_CODE = _drive.__code__
+
+
 def _resume_from(caller, k, send):
     chain = Chain(k.top, k.base)
     k.top = k.base = None
@@ -556,48 +568,107 @@ def _drive_on_fresh_stack(chain, send):
     return payload
 
 
-# A call is in tail position when the instruction after it is RETURN_VALUE and
-# no exception handler (try/with) covers it.  We look that up per code object,
-# once, and accept a chain of at most _MAX_TAIL_FRAMES such frames between the
-# resume and the driver loop.  Generator frames never qualify (their return
-# value goes into StopIteration).
-_DRIVE_CODE = _drive.__code__
+# A resume is a *tail* resume when every frame between it and the driver loop
+# hands the resume's result straight back: each frame is stopped at a call that
+# is directly followed by RETURN_VALUE, outside any try/with block, and that
+# call is visibly a call of the next frame's function (the callee loaded by
+# name right before the arguments is ``resume``/... for the first frame and
+# the next frame's function name after that).  The last condition rejects C
+# functions in between (``next(map(lambda: k.resume(v), ...))``), which the
+# frame chain cannot show.  Everything is computed once per code object; when
+# in doubt the answer is "not a tail call", which is always correct (it nests).
 _MAX_TAIL_FRAMES = 16
-_CALL_OPS = {"CALL", "CALL_FUNCTION", "CALL_METHOD", "CALL_FUNCTION_KW", "CALL_FUNCTION_EX", "CALL_KW"}
+_RESUME_NAMES = frozenset({"resume", "discontinue", "resume_with", "discontinue_with"})
+_CALL_OPS = frozenset({"CALL", "CALL_FUNCTION", "CALL_METHOD", "CALL_FUNCTION_KW", "CALL_KW"})
+_NAME_LOADS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_CLASSDEREF"})
+_ATTR_LOADS = frozenset({"LOAD_METHOD", "LOAD_ATTR"})
 _NOT_PLAIN = 0x20 | 0x80 | 0x100 | 0x200   # generator, coroutine, iterable coroutine, async gen
-_tail_offsets_by_code: dict = {}
+_tail_calls_by_code: dict = {}
 
 
-def _tail_offsets(code) -> frozenset:
+def _callee(insts, index):
+    """(name, is_plain_name) of the callable the call at insts[index] calls, or None."""
+    call = insts[index]
+    nargs = call.arg or 0
+    j = index
+    while j > 0 and insts[j - 1].opname in ("PRECALL", "KW_NAMES"):
+        j -= 1
+    produced = 0
+    while produced < nargs:
+        j -= 1
+        inst = insts[j] if j >= 0 else None
+        if inst is None or inst.is_jump_target or "JUMP" in inst.opname or inst.opname == "FOR_ITER":
+            return None
+        try:
+            produced += dis.stack_effect(inst.opcode, inst.arg if inst.opcode >= dis.HAVE_ARGUMENT else None)
+        except ValueError:
+            return None
+    if produced != nargs or j == 0:
+        return None
+    load = insts[j - 1]
+    if load.opname in _NAME_LOADS:
+        return (load.argval, True)
+    if load.opname in _ATTR_LOADS:
+        return (load.argval, False)
+    return None
+
+
+def _tail_calls(code) -> dict:
+    """{f_lasti value at a tail call: the callee (name, is_plain_name)} for ``code``."""
     # Keyed by id(): hashing a code object hashes its whole bytecode.  The entry
     # keeps the code object alive so that its id cannot be reused meanwhile.
-    entry = _tail_offsets_by_code.get(id(code))
+    entry = _tail_calls_by_code.get(id(code))
     if entry is not None and entry[0] is code:
         return entry[1]
-    offsets = set()
+    calls = {}
     if not code.co_flags & _NOT_PLAIN:
         bytecode = dis.Bytecode(code)
         guarded = [(e.start, e.end) for e in getattr(bytecode, "exception_entries", ())]
         insts = list(bytecode)
-        for call, nxt in zip(insts, insts[1:]):
+        for index, (call, nxt) in enumerate(zip(insts, insts[1:])):
             if (call.opname in _CALL_OPS and nxt.opname == "RETURN_VALUE"
                     and not any(s <= call.offset < e for s, e in guarded)):
-                offsets.update(range(call.offset, nxt.offset, 2))
-    offsets = frozenset(offsets)
-    if len(_tail_offsets_by_code) > 4096:     # code compiled at run time (exec, eval)
-        _tail_offsets_by_code.clear()
-    _tail_offsets_by_code[id(code)] = (code, offsets)
-    return offsets
+                callee = _callee(insts, index)
+                if callee is not None:
+                    for offset in range(call.offset, nxt.offset, 2):
+                        calls[offset] = callee
+    if len(_tail_calls_by_code) > 4096:     # code compiled at run time (exec, eval)
+        _tail_calls_by_code.clear()
+    _tail_calls_by_code[id(code)] = (code, calls)
+    return calls
 
 
 def _returns_straight_to_driver(frame) -> bool:
+    """True when ``frame`` (the caller of a resume method) returns the resume's
+    result unchanged, through tail calls only, to a driver loop."""
+    callee_code = None                  # code of the frame the current one calls
     for _ in range(_MAX_TAIL_FRAMES):
         if frame is None:
             return False
         code = frame.f_code
         if code is _DRIVE_CODE:
             return True
-        if frame.f_lasti not in _tail_offsets(code):
+        callee = _tail_calls(code).get(frame.f_lasti)
+        if callee is None:
             return False
+        name, plain = callee
+        if callee_code is None:
+            if name not in _RESUME_NAMES:
+                return False
+        elif name != callee_code.co_name and not (plain and _names_function(frame, name, callee_code)):
+            return False
+        callee_code = code
         frame = frame.f_back
     return False
+
+
+def _names_function(frame, name, code) -> bool:
+    # For a helper called through a differently named variable (a lambda):
+    # does ``name`` in ``frame`` hold the function whose code is ``code``?
+    scope = frame.f_locals if name in frame.f_code.co_varnames or name in frame.f_code.co_freevars \
+        or name in frame.f_code.co_cellvars else frame.f_globals
+    fn = scope.get(name)
+    fn = getattr(fn, "__func__", fn)
+    return getattr(fn, "__code__", None) is code
+
+
