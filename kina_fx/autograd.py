@@ -28,6 +28,7 @@ from __future__ import annotations
 import builtins
 import itertools
 import math
+import operator as _operator
 
 import numpy as np
 
@@ -1098,12 +1099,14 @@ _STOP_GRADIENT = _prim("stop_gradient", 1, _stop_gradient_k, None, None).effect
 class _Kernels:
     """Raw kernels: the first-order fast path (no effects performed)."""
 
-    add = staticmethod(_add_k)
-    sub = staticmethod(_sub_k)
-    mul = staticmethod(_mul_k)
-    div = staticmethod(_div_k)
-    pow = staticmethod(_pow_k)
-    neg = staticmethod(_neg_k)
+    # Arithmetic: the operators themselves (C functions, no Python frame);
+    # NumPy and CuPy arrays both implement them.
+    add = _operator.add
+    sub = _operator.sub
+    mul = _operator.mul
+    div = _operator.truediv
+    pow = _operator.pow
+    neg = _operator.neg
     exp = staticmethod(_exp_k)
     log = staticmethod(_log_k)
     tanh = staticmethod(_tanh_k)
