@@ -143,14 +143,16 @@ class Handler:
 
     def run(self, fn, *args):
         """Run ``fn(*args)`` under this handler (deep; OCaml ``match_with``)."""
-        if not self.on:
+        if not self.on and not _stack_is_deep():
             return self._run_in_place(fn, args)
         chain = Chain(*(2 * (fibers.new_fiber(fn, args, self),)))
         return _drive(chain, (False, None))
 
     def _run_in_place(self, fn, args):
         # Without control clauses nothing can suspend to this handler, so the
-        # body needs no fiber of its own: push the handler, call, pop.
+        # body needs no fiber of its own: push the handler, call, pop.  (Deep
+        # in a Python stack, run() uses a fiber anyway: a fresh stack keeps
+        # nested handlers from ending in RecursionError.)
         stack = local.state.current.stack
         stack.append(self)
         try:

@@ -409,6 +409,17 @@ def test_evenodd_100000_nested_handlers():
     assert odd(20_001) is True
 
 
+@pytest.mark.slow
+def test_evenodd_with_handlers_without_control_clauses():
+    """run() of a handler with no 'on' clause is in place, yet must nest 100,000 deep."""
+    def ev(n):
+        return True if n == 0 else Handler(exc=lambda e: e).run(od, n - 1)
+
+    def od(n):
+        return False if n == 0 else ev(n - 1)
+    assert ev(100_000) is True
+
+
 def test_tail_resumes_run_in_constant_stack():
     def body():
         for _ in range(20_000):
