@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         return _config(rest)
     if command == "demo":
         from . import demo
-        result = demo.main(*([rest] if rest else []))
+        # Pass the remaining arguments explicitly: demo.main parses argv itself,
+        # and sys.argv still holds "demo".
+        result = demo.main(rest)
         return result if isinstance(result, int) else 0
     print(f"kina-fx: unknown command {command!r} (expected config or demo)", file=sys.stderr)
     return 2
