@@ -92,3 +92,16 @@ def test_library_links_its_interpreter_with_an_rpath():
     import sysconfig
     data = Path(kffi.library_path()).read_bytes()
     assert sysconfig.get_config_var("LIBDIR").encode() in data
+
+
+def test_kina_fx_config_prints_flags_in_the_order_asked(capsys):
+    from kina_fx import cli
+
+    assert cli.main(["config", "--libs", "--cflags"]) == 0
+    out = capsys.readouterr().out.split()
+    libdir = str(Path(kffi.library_path()).parent)
+    assert out == [f"-L{libdir}", f"-Wl,-rpath,{libdir}", "-lkina_fx", f"-I{kffi.header_dir()}"]
+    assert cli.main(["config", "--library"]) == 0
+    assert capsys.readouterr().out.strip() == kffi.library_path()
+    assert cli.main(["config"]) == 2
+    assert cli.main(["frobnicate"]) == 2
