@@ -1544,7 +1544,9 @@ def prim_clause_factory(prim):
     tape (one per ``grad`` call) only creates its closures."""
     factory = _factories.get(prim.name)
     if factory is None:
-        if prim.nin == 1:
+        if prim.nin == 1 and prim.name in _ELEMENTWISE:
+            factory = _elementwise_factory(prim.effect, prim.vjp)
+        elif prim.nin == 1:
             factory = _unary_factory(prim.effect, prim.vjp)
         elif prim.nin == 2 and prim.diff == (True, True):
             factory = _binary_factory(prim.effect, prim.vjp, *prim.vjp_sides)
@@ -1556,6 +1558,33 @@ def prim_clause_factory(prim):
 
 _factories = {}
 _tape_factories = []       # [(effect, make)] for every primitive, built on first use
+
+
+_ELEMENTWISE = {"neg", "exp", "log", "tanh", "sigmoid", "relu"}   # one input, no parameters
+
+
+def _elementwise_factory(eff, rule):
+    def make(tape, nodes):
+        def clause(x):
+            if x.__class__ is Tensor:
+                if x._trace is tape:
+                    v = x._value
+                    out = perform(eff, v)
+                    i = tape._n
+                    tape._n = i + 1
+                    nodes.append((rule, i, x._id, v, (), out))
+                    b = _new(Tensor)
+                    b._value = out
+                    b._trace = tape
+                    b._id = i
+                    return b
+                if x._trace is None or not x._trace._live:
+                    i, x = _own(tape, x)
+                    if i >= 0:
+                        return clause(_box(x, tape, i))
+            return perform(eff, x)
+        return clause
+    return make
 
 
 def _unary_factory(eff, rule):
