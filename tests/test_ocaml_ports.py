@@ -908,10 +908,6 @@ def _module_level_fn(x):
     return ("ran", x)
 
 
-@pytest.mark.xfail(reason="kina_fx bug: pickling a captured continuation fails only by "
-                          "accident (AttributeError 'Can't pickle local object' from a clause, "
-                          "or TypeError from the greenlet deep inside), not with a clear error "
-                          "from Continuation itself", strict=True)
 def test_marshal_analog_pickle_captured_continuation_fails_clearly():
     E = fresh("marshal.E")
     seen = []
@@ -926,8 +922,6 @@ def test_marshal_analog_pickle_captured_continuation_fails_clearly():
     assert seen == ["ok"]
 
 
-@pytest.mark.xfail(reason="kina_fx bug: pickle.dumps(fiber(fn)) succeeds; each pickle.loads "
-                          "gives another runnable copy of a one-shot continuation", strict=True)
 def test_marshal_analog_pickle_unstarted_fiber_fails():
     k = fiber(_module_level_fn)
     with pytest.raises((TypeError, pickle.PicklingError)):
@@ -995,10 +989,6 @@ def _perform_twice_with_clone_here(cloner):
     return Handler(on={E: clause}).run(body), events
 
 
-@pytest.mark.xfail(reason="kina_fx bug: copy.copy(k) gives a second 'ready' handle on the same "
-                          "fibers; resumed after k was used it resumes the fiber at its *next* "
-                          "perform (multi-shot), and the real continuation then fails with "
-                          "AttributeError", strict=True)
 def test_clone_analog_copy_copy_is_not_multishot():
     result, events = _perform_twice_with_clone(copy.copy)
     assert result == ("A", "B")
@@ -1006,10 +996,6 @@ def test_clone_analog_copy_copy_is_not_multishot():
 
 
 @pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
-@pytest.mark.xfail(reason="kina_fx bug: copy.deepcopy(k) is refused with TypeError, but the "
-                          "half-built copy's Continuation.__del__ then raises AttributeError "
-                          "('no attribute top'), reported as an unraisable exception",
-                   strict=True)
 def test_clone_analog_deepcopy_refused_cleanly():
     result, events = _perform_twice_with_clone(copy.deepcopy)
     gc.collect()
@@ -1017,10 +1003,6 @@ def test_clone_analog_deepcopy_refused_cleanly():
     assert events == [("refused", "TypeError")]
 
 
-@pytest.mark.xfail(reason="kina_fx bug: copy.copy(fiber(fn)) is a second 'ready' handle whose "
-                          "resume, after the original ran, crashes with AttributeError instead of "
-                          "ContinuationAlreadyResumed; copy.deepcopy(fiber(fn)) is an independent "
-                          "runnable copy of a one-shot continuation", strict=True)
 @pytest.mark.parametrize("cloner", [copy.copy, copy.deepcopy], ids=["copy", "deepcopy"])
 def test_clone_analog_unstarted_fiber(cloner):
     _in_own_thread(_clone_unstarted_fiber, cloner)
@@ -2809,11 +2791,6 @@ def test_when_test_continue_in_guard_then_again():
         Handler(on={E: clause}).run(perform, E)
 
 
-@pytest.mark.xfail(reason="kina_fx bug: a resume called by a C function (map, filter, "
-                          "sorted's key, functools.reduce...) that is itself in tail position "
-                          "of a clause is taken for a tail resume: the C function receives an "
-                          "internal _TailResume object and the continuation is consumed without "
-                          "ever running", strict=True)
 @pytest.mark.parametrize("style", ["map-lambda", "map-bound-method", "sorted-key"])
 def test_clause_resumes_through_a_c_function(style):
     # OCaml: `List.map (continue k) [v]` in a handler clause.
@@ -2956,10 +2933,6 @@ def test_schedulers_in_several_threads():
     assert results == [("done", 6_000)] * 4
 
 
-@pytest.mark.xfail(reason="kina_fx bug: a GreenletExit escaping a handled body (raised by it, "
-                          "or thrown in by k.discontinue(GreenletExit())) is taken for greenlet "
-                          "killing the worker: run() raises TypeError and the thread's runtime "
-                          "is left broken (later handlers fail with AttributeError)", strict=True)
 @pytest.mark.parametrize("how", ["raised-by-body", "discontinue"])
 def test_greenlet_exit_escaping_a_body_propagates_like_any_base_exception(how):
     # OCaml: any exception escaping the body propagates through match_with.  In
