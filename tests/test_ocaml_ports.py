@@ -1589,6 +1589,54 @@ def test_manual_discontinue_blocked_exchanger_runs_finally():
     assert out.text == "open secret.txt\nclose secret.txt\nImproperSynchronization\n"
 
 
+@pytest.mark.xfail(reason="kina_fx bug: while a dropped continuation is unwound, a finally "
+                          "block that performs an effect handled by the dropped chain's own "
+                          "handler (here the scheduler's Yield) tries to suspend to a resumer "
+                          "that does not exist: AttributeError at the perform (reported as "
+                          "unraisable) and the thread's runtime is left broken", strict=True)
+def test_manual_leaky_scheduler_cleanup_that_performs():
+    # The manual's first scheduler "can leak resources": a blocked exchanger is
+    # never resumed.  In kina_fx the dropped continuation is unwound instead, so
+    # the task's cleanup runs; here the cleanup performs the scheduler's Yield.
+    # Per docs/effects.md an unwinding fiber is detached from outer handlers, so
+    # that perform must raise Unhandled there, and the runtime must stay usable.
+    def scenario():
+        Yield, Xchg = fresh("leaky.Yield"), fresh("leaky.Xchg")
+        log, unraisable = [], []
+        run_q = []
+
+        def dequeue(*_):
+            return run_q.pop(0)() if run_q else None
+
+        def on_yield(k):
+            run_q.append(lambda: k.resume(None))
+            return dequeue()
+
+        def on_xchg(k, n):
+            return dequeue()  # no partner will ever come: k is dropped
+
+        def task():
+            try:
+                perform(Xchg, 0)
+            finally:
+                try:
+                    perform(Yield)
+                except Unhandled:
+                    log.append("cleanup: Yield unhandled while unwinding")
+
+        old_hook = sys.unraisablehook
+        sys.unraisablehook = lambda u: unraisable.append(repr(u.exc_value))
+        try:
+            Handler(ret=dequeue, on={Yield: on_yield, Xchg: on_xchg}).run(task)
+            gc.collect()
+        finally:
+            sys.unraisablehook = old_hook
+        after = Handler(on={Yield: lambda k: k.resume(5)}).run(lambda: perform(Yield))
+        return log, unraisable, after
+
+    assert _in_own_thread(scenario) == (["cleanup: Yield unhandled while unwinding"], [], 5)
+
+
 def test_manual_control_inversion():
     def invert(iter_):
         Y = fresh("manual.invert.Yield")
