@@ -409,10 +409,6 @@ def _shape(v):
     return v.shape if hasattr(v, "shape") else ()
 
 
-def _xp_of(*arrays):
-    return _array_module(*[_raw(a) for a in arrays])
-
-
 # add
 def _add_k(a, b):
     if a.__class__ is Tensor:
@@ -1532,11 +1528,6 @@ def _own(tape, x):
             if x.__class__ is Tensor and x._trace is tape:
                 return x._id, x._value
     return -1, x
-
-
-def _tape_clause(tape, prim):
-    """The tape's ``fun`` clause for ``prim``."""
-    return prim_clause_factory(prim)(tape, tape._nodes)
 
 
 def prim_clause_factory(prim):

@@ -39,11 +39,6 @@ def _dot(a, b):
     return float(np.sum(np.asarray(a, dtype=np.float64) * np.asarray(b, dtype=np.float64)))
 
 
-def _call(f, args):
-    return np.asarray(ad.Tensor(f(*args)).numpy() if isinstance(f(*args), ad.Tensor)
-                      else f(*args), dtype=np.float64)
-
-
 def _fd_directional(f, args, dirs):
     plus = f(*[a + EPS * d for a, d in zip(args, dirs)])
     minus = f(*[a - EPS * d for a, d in zip(args, dirs)])
