@@ -650,9 +650,15 @@ def test_unhandled_unlinked():
     with pytest.raises(Unhandled) as info:
         perform(E)
     assert info.value.effect is E
+    import os
+
+    import kina_fx
+    root = os.path.dirname(os.path.dirname(os.path.abspath(kina_fx.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     proc = subprocess.run(
         [sys.executable, "-c", "from kina_fx import Effect, perform; perform(Effect('E'))"],
-        capture_output=True, text=True, timeout=60)
+        capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode != 0
     assert "Unhandled" in proc.stderr
 
@@ -2869,6 +2875,9 @@ def test_ret_and_exc_clauses_run_outside_their_handler():
     inner_exc = Handler(on={E: lambda k: "inner (wrong)"}, exc=lambda e: perform(E))
     assert outer.run(lambda: inner_ret.run(lambda: 1)) == "outer"
     assert outer.run(lambda: inner_exc.run(lambda: 1 / 0)) == "outer"
+    # Shallow: the same for the handler given to continue_with.
+    assert outer.run(lambda: fiber(lambda _: 1).resume_with(None, inner_ret)) == "outer"
+    assert outer.run(lambda: fiber(lambda _: 1 / 0).resume_with(None, inner_exc)) == "outer"
 
 
 def test_discontinue_with_unstarted_fiber():
