@@ -269,7 +269,7 @@ def run(rounds=30, quick=False):
 
 
 def report(results):
-    lines = []
+    lines = [f"threads: {results.get('threads', 'library default')}", ""]
     chain = results["chain"]
     lines.append(f"chain of {CHAIN_OPS} elementwise ops, (1,) float64, forward + backward")
     lines.append("| contestant | median ms | min ms | median us/op | vs PyTorch (same round) |")
@@ -308,8 +308,18 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--quick", action="store_true", help="3 rounds (smoke test)")
     parser.add_argument("--json", help="also write the raw results here")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="limit BLAS/OpenMP threads (NumPy via threadpoolctl, PyTorch via "
+                             "set_num_threads) for every contestant; default: the libraries' own")
     args = parser.parse_args(argv)
+    if args.threads:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(args.threads)
+        torch = _optional("torch")
+        if torch is not None:
+            torch.set_num_threads(args.threads)
     results = run(args.rounds, args.quick)
+    results["threads"] = args.threads or "library default"
     print(report(results))
     if args.json:
         with open(args.json, "w") as f:
