@@ -1558,7 +1558,11 @@ def _elementwise_factory(eff, rule):
     def make(tape, nodes):
         def clause(x):
             if x.__class__ is Tensor:
-                if x._trace is tape:
+                tr = x._trace
+                if tr is not tape and (tr is None or not tr._live):
+                    x = _lift(x)       # a plain Tensor or a finished trace's box
+                    tr = x._trace if x.__class__ is Tensor else None
+                if tr is tape:
                     v = x._value
                     out = perform(eff, v)
                     i = tape._n
@@ -1569,10 +1573,6 @@ def _elementwise_factory(eff, rule):
                     b._trace = tape
                     b._id = i
                     return b
-                if x._trace is None or not x._trace._live:
-                    i, x = _own(tape, x)
-                    if i >= 0:
-                        return clause(_box(x, tape, i))
             return perform(eff, x)
         return clause
     return make
@@ -1582,7 +1582,11 @@ def _unary_factory(eff, rule):
     def make(tape, nodes):
         def clause(x, *params):
             if x.__class__ is Tensor:
-                if x._trace is tape:
+                tr = x._trace
+                if tr is not tape and (tr is None or not tr._live):
+                    x = _lift(x)
+                    tr = x._trace if x.__class__ is Tensor else None
+                if tr is tape:
                     v = x._value
                     out = perform(eff, v, *params)
                     i = tape._n
@@ -1593,10 +1597,6 @@ def _unary_factory(eff, rule):
                     b._trace = tape
                     b._id = i
                     return b
-                if x._trace is None or not x._trace._live:
-                    i, x = _own(tape, x)
-                    if i >= 0:
-                        return clause(_box(x, tape, i), *params)
             return perform(eff, x, *params)
         return clause
     return make

@@ -525,3 +525,34 @@ def test_cupy_code_path_with_a_stand_in(fake_cupy):
     assert isinstance(ad.Tensor(w).numpy(), np.ndarray)
     # the kernels went through the stand-in's array module, not NumPy's
     assert {"tanh", "maximum", "zeros", "ones", "exp", "sum"} <= fake_cupy.calls
+
+
+def test_tapes_are_freed_without_the_cycle_collector():
+    # A tape holds every intermediate array; a reference cycle would keep them
+    # (and fresh page faults on every step) until the next gc run.
+    import gc
+    import weakref
+    refs = []
+
+    def f(x):
+        refs.append(weakref.ref(x._trace))
+        return ad.sum(ad.tanh(x) * 2.0 + ad.exp(x)[0])
+
+    gc.collect()
+    gc.disable()
+    try:
+        ad.grad(f)(np.ones(3))
+        ad.grad(ad.grad(lambda x: ad.sum(ad.tanh(x))))(0.5)
+        ad.jvp(lambda x: f(x), (np.ones(3),), (np.ones(3),))
+        ad.vjp(f, np.ones(3))[1](1.0)
+        with ad.Tape() as t:
+            x = t.watch(np.ones(3))
+            y = ad.sum(ad.sigmoid(x) ** 2)
+        t.gradient(y, x)
+        tape_ref = weakref.ref(t)
+        del t, x, y
+        assert all(r() is None for r in refs)
+        assert tape_ref() is None
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
