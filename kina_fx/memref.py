@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import struct
+
 import cffi
 import numpy as np
 
@@ -83,15 +85,21 @@ def _checked_rank(p, name) -> int:
     return rank
 
 
+_WORDS = tuple(struct.Struct(f"={3 + 2 * r}q") for r in range(MAX_RANK + 1))
+
+
 def _decode(rank: int, raw: bytes, name: str) -> Descriptor:
-    words = np.frombuffer(raw, dtype=np.int64).tolist()
-    sizes = tuple(words[3:3 + rank])
-    strides = tuple(words[3 + rank:3 + 2 * rank])
-    for i, s in enumerate(sizes):
-        if s < 0:
-            raise ValidationError(f"{name}: negative size {s} in dimension {i}")
-    return Descriptor(rank, words[0] % _ADDR_LIMIT, words[1] % _ADDR_LIMIT, words[2],
-                      sizes, strides)
+    words = _WORDS[rank].unpack(raw)
+    sizes = words[3:3 + rank]
+    if sizes and min(sizes) < 0:
+        i = next(i for i, s in enumerate(sizes) if s < 0)
+        raise ValidationError(f"{name}: negative size {sizes[i]} in dimension {i}")
+    allocated, aligned = words[0], words[1]
+    if allocated < 0:
+        allocated += _ADDR_LIMIT
+    if aligned < 0:
+        aligned += _ADDR_LIMIT
+    return Descriptor(rank, allocated, aligned, words[2], sizes, words[3 + rank:])
 
 
 def read_descriptor(ptr, name: str = "memref") -> Descriptor:
@@ -110,20 +118,19 @@ def read_descriptor(ptr, name: str = "memref") -> Descriptor:
 
 def _extent(d: Descriptor, itemsize: int, name: str):
     """(lowest byte address, span in bytes, byte offset of element 0) of the view."""
-    if any(s == 0 for s in d.sizes):
+    if 0 in d.sizes:
         return None
     if d.aligned == 0:
         raise ValidationError(f"{name}: null data pointer for a non-empty memref")
     low = high = d.offset
     for size, stride in zip(d.sizes, d.strides):
-        step = (size - 1) * stride
-        if step < 0:
-            low += step
+        if stride < 0:
+            low += (size - 1) * stride
         else:
-            high += step
+            high += (size - 1) * stride
     lo_addr = d.aligned + low * itemsize
     hi_addr = d.aligned + (high + 1) * itemsize
-    if lo_addr < 0 or hi_addr > _ADDR_LIMIT or abs(low) > _INT64_MAX or high > _INT64_MAX:
+    if lo_addr < 0 or hi_addr > _ADDR_LIMIT:
         raise ValidationError(f"{name}: offset/strides address memory outside the address space")
     return lo_addr, hi_addr - lo_addr, (d.aligned + d.offset * itemsize) - lo_addr
 
@@ -134,14 +141,15 @@ def numpy_view(d: Descriptor, dtype, name: str = "memref") -> np.ndarray:
     Honours any offset and strides, negative or zero included.  The view does
     not own the memory: it must not outlive the C call that lent it.
     """
-    dtype = np.dtype(dtype)
-    ext = _extent(d, dtype.itemsize, name)
+    if type(dtype) is not np.dtype:
+        dtype = np.dtype(dtype)
+    item = dtype.itemsize
+    ext = _extent(d, item, name)
     if ext is None:
         return np.empty(d.sizes, dtype)
     lo, span, start = ext
-    strides = tuple(s * dtype.itemsize for s in d.strides)
     buf = ffi.buffer(ffi.cast("char *", lo), span)
-    return np.ndarray(d.sizes, dtype, buf, start, strides)
+    return np.ndarray(d.sizes, dtype, buf, start, tuple([s * item for s in d.strides]))
 
 
 def _is_device_pointer(cp, address: int) -> bool:
