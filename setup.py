@@ -57,6 +57,11 @@ class BuildNative(build_ext):
 
 
 setup(
-    ext_modules=[Extension("kina_fx.libkina_fx", sources=[])],
+    ext_modules=[
+        Extension("kina_fx.libkina_fx", sources=[]),
+        # The compiled fast path of handlers.perform.  Optional: when it cannot
+        # be compiled, build_ext warns and kina_fx runs in pure Python.
+        Extension("kina_fx._speedups", sources=["kina_fx/_native/speedups.c"], optional=True),
+    ],
     cmdclass={"build_ext": BuildNative},
 )

@@ -29,6 +29,7 @@ therefore run in constant stack, however many effects are performed.
 from __future__ import annotations
 
 import dis
+import os
 import sys
 import threading
 
@@ -215,11 +216,14 @@ class _Skip:
         self.index = index
 
 
-def perform(effect, *args):
+def _perform_py(effect, *args):
     """Perform ``effect`` with ``args``; return the value the handler resumes with.
 
     Raises :class:`Unhandled` here, at the perform site, when no handler in
     scope handles ``effect`` and it has no ``default``.
+
+    This is the reference implementation; ``perform`` is the compiled copy in
+    kina_fx/_native/speedups.c when that was built (see the end of this module).
     """
     st = local.state
     f = st.current
@@ -246,18 +250,9 @@ def perform(effect, *args):
                 if clause is not None:
                     break
                 if effect in h.on:
-                    # Suspend the chain from here to f and hand it to f's
-                    # resumer.  Nothing this frame keeps may refer to the fibers
-                    # (see fibers.py), hence post-then-del-then-suspend.
-                    k = Continuation(st.current, f, f.shallow)
-                    if f.shallow:
-                        f.handler = None
-                    fibers.post(f, (PERFORMED, h, (effect, args, k)))
-                    del f, k, h, st
-                    send = fibers.suspend()
-                    if send[0]:
-                        raise send[1]
-                    return send[1]
+                    found = [f, h]
+                    del f, h, st, entry
+                    return _suspend_perform(effect, args, found)
         f = f.parent
         if f is None:
             if effect.default is not None:
@@ -271,6 +266,33 @@ def perform(effect, *args):
         return clause(*args)
     finally:
         st.current.stack.pop()
+
+
+perform = _perform_py
+
+
+def _suspend_perform(effect, args, found):
+    """The ``on`` branch of perform: suspend the chain from the running fiber up
+    to ``found[0]`` (the fiber whose control handler ``found[1]`` has an ``on``
+    clause for ``effect``) and hand it to that fiber's resumer; return or raise
+    what the continuation is resumed with.
+
+    Nothing a suspended frame keeps may refer to the fibers (see fibers.py),
+    hence post-then-del-then-suspend; ``found`` is emptied so that the caller's
+    frame (Python or C) keeps nothing either.
+    """
+    f, h = found
+    found.clear()
+    st = local.state
+    k = Continuation(st.current, f, f.shallow)
+    if f.shallow:
+        f.handler = None
+    fibers.post(f, (PERFORMED, h, (effect, args, k)))
+    del f, k, h, st
+    send = fibers.suspend()
+    if send[0]:
+        raise send[1]
+    return send[1]
 
 
 # --- continuations ----------------------------------------------------------
@@ -674,3 +696,40 @@ def _names_function(frame, name, code) -> bool:
     return getattr(fn, "__code__", None) is code
 
 
+# --- the compiled fast path -------------------------------------------------
+
+
+def _resume_nested(tail):
+    """Drive a _TailResume that came back through the compiled perform.
+
+    The Python perform frame (inside try/finally) stops the tail-position walk
+    of _returns_straight_to_driver; the C one is invisible to it.  A resume in
+    tail position inside a ``fun`` clause can therefore reach the C perform as a
+    _TailResume, which nests here, before the skip marker is popped: what
+    _resume_from would have done at the resume with the Python perform.
+    """
+    chain, send = tail.chain, tail.send
+    del tail
+    if _stack_is_deep():
+        return _drive_on_fresh_stack(chain, send)
+    return _drive(chain, send)
+
+
+# kina_fx._speedups.perform (kina_fx/_native/speedups.c, built by setup.py when
+# a compiler is available) is a transcription of _perform_py, several times
+# faster.  KINA_FX_PURE_PYTHON=1 keeps the Python version.
+if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
+    try:
+        from . import _speedups
+    except ImportError:
+        pass
+    else:
+        try:
+            _speedups._bind(local, fibers.Fiber, fibers.ThreadState, Handler, _Skip,
+                            _TailResume, Unhandled, _suspend_perform, _resume_nested)
+        except (TypeError, AttributeError) as exc:   # a stale build: rebuild it
+            import warnings
+            warnings.warn(f"kina_fx._speedups does not fit this kina_fx ({exc}); "
+                          "using the pure-Python perform", RuntimeWarning, stacklevel=2)
+        else:
+            perform = _speedups.perform

@@ -1,0 +1,725 @@
+/* kina_fx._speedups: the compiled fast path of kina_fx.handlers.perform.
+ *
+ * Why this exists
+ * ---------------
+ * ``perform`` is the effects runtime's hot path: every autograd primitive and
+ * every tail-resumptive (``fun``) clause goes through it.  In pure Python the
+ * search of the handler stack plus the skip-marker push/pop costs about 15
+ * plain calls; here it costs about two.  Nothing else lives in C: switching
+ * fibers, continuations, the driver loop and tail resumption stay in Python.
+ *
+ * What it must mirror
+ * -------------------
+ * ``_perform_py`` in kina_fx/handlers.py is the reference; this file is a
+ * line-by-line transcription of it and must change whenever it changes:
+ *
+ *   st = fibers.local.state; f = st.current; i = len(f.stack) - 1
+ *   walk f.stack[i], i-1, ... (innermost last):
+ *       a _Skip(fiber, index) entry jumps to fiber.stack[index-1]
+ *       (index -1: past that fiber's control handler, on to its parent);
+ *       any other entry: entry.fun.get(effect) is the clause when not None;
+ *   then f.handler: h.fun.get(effect), or ``effect in h.on`` -> suspend;
+ *   then f = f.parent (None: effect.default(*args) or raise Unhandled).
+ *   A fun clause runs here with _Skip(f, i) pushed on st.current.stack,
+ *   popped (list.pop()) whatever happens.
+ *
+ * The ``on`` branch calls handlers._suspend_perform(effect, args, found) with
+ * found = [base fiber, handler], a list the callee empties: like the Python
+ * frame, this C frame keeps no reference to the fibers or the continuation
+ * while the chain is suspended (see the comments in fibers.py).
+ *
+ * One difference the C frame needs compensating for: the tail-resume check
+ * (handlers._returns_straight_to_driver) walks Python frames only.  The Python
+ * perform frame, being inside try/finally, stops that walk, so a resume done
+ * by a ``fun`` clause nests inside the clause with the skip marker still in
+ * place.  This C frame is invisible, so the walk may run past it and hand a
+ * _TailResume back through here; we then drive it right here, before popping
+ * the marker (handlers._resume_nested), which is what the Python version does.
+ *
+ * Assumptions (checked once, in _bind): Fiber, ThreadState and _Skip are the
+ * kina_fx.fibers/handlers classes with their __slots__ member descriptors;
+ * their instances are read and written by slot offset (private classes whose
+ * slots are never replaced).  Handler entries may be any object: ``fun`` and
+ * ``on`` are read by offset only when the entry's type resolves the name to
+ * Handler's own member descriptor with the generic getattr (else a normal
+ * attribute lookup); ``fun``/``on`` are used through the dict API only when
+ * they are exact dicts (else ``.get`` / the ``in`` protocol).
+ *
+ * The module state is process-global and the GIL protects it (one
+ * interpreter; no free-threaded build).  KINA_FX_PURE_PYTHON=1 makes
+ * handlers.py ignore this module.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+/* ---- bound once by _bind() ------------------------------------------------ */
+
+static PyObject *g_local;          /* fibers.local (a threading.local)          */
+static PyTypeObject *g_fiber_t;    /* fibers.Fiber                              */
+static PyTypeObject *g_tstate_t;   /* fibers.ThreadState                        */
+static PyTypeObject *g_skip_t;     /* handlers._Skip                            */
+static PyTypeObject *g_tail_t;     /* handlers._TailResume                      */
+static PyObject *g_handler_fun;    /* Handler.__dict__["fun"] (member descr)    */
+static PyObject *g_handler_on;     /* Handler.__dict__["on"]                    */
+static PyObject *g_unhandled;      /* errors.Unhandled                          */
+static PyObject *g_suspend;        /* handlers._suspend_perform                 */
+static PyObject *g_nested;         /* handlers._resume_nested                   */
+
+static Py_ssize_t off_stack, off_handler, off_parent;   /* Fiber slots        */
+static Py_ssize_t off_current;                          /* ThreadState.current */
+static Py_ssize_t off_skip_fiber, off_skip_index;       /* _Skip slots         */
+static Py_ssize_t off_fun, off_on;                      /* Handler slots       */
+
+static PyObject *s_state, *s_current, *s_stack, *s_handler, *s_parent, *s_fiber, *s_index;
+static PyObject *s_fun, *s_on, *s_get, *s_default, *s_pop, *s_append;
+
+#define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+
+/* ``fibers.local.state`` is created once per OS thread and never replaced.
+ * Reading it through threading.local costs about as much as the rest of a
+ * perform, so each thread's state is also kept in that thread's own
+ * PyThreadState dict (under a key made by _bind: a strong reference that lives
+ * as long as the thread), and the last thread's in a borrowed one-entry cache
+ * keyed by the thread state's unique id (ids are never reused, so a stale
+ * entry never matches). */
+static PyObject *state_key;        /* new object per _bind                      */
+static uint64_t cached_tid;        /* 0: nothing cached                         */
+static PyObject *cached_state;     /* borrowed; owned by that thread's dict     */
+
+/* A few _Skip markers kept for reuse: a perform that finds a fun clause
+ * allocates none when its marker was not kept alive by anyone else. */
+#define SKIP_CACHE 16
+static PyObject *skip_cache[SKIP_CACHE];
+static int skip_cached;
+
+/* ---- attribute access ----------------------------------------------------- */
+
+/* obj.<name> (new reference).  Reads the slot at ``off`` when obj's type is
+ * ``type`` exactly and the slot is set; otherwise a normal getattr (which also
+ * raises the right AttributeError for an unset slot). */
+static inline PyObject *
+get_slot(PyObject *obj, PyTypeObject *type, Py_ssize_t off, PyObject *name)
+{
+    if (Py_TYPE(obj) == type) {
+        PyObject *v = SLOT(obj, off);
+        if (v != NULL)
+            return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
+/* handler.fun / handler.on (new reference), by offset when the entry's type
+ * resolves the name to Handler's own member descriptor. */
+static inline PyObject *
+get_handler_attr(PyObject *h, PyObject *descr, Py_ssize_t off, PyObject *name)
+{
+    PyTypeObject *tp = Py_TYPE(h);
+    if (tp->tp_getattro == PyObject_GenericGetAttr && _PyType_Lookup(tp, name) == descr) {
+        PyObject *v = SLOT(h, off);
+        if (v != NULL)
+            return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(h, name);
+}
+
+/* ``h.fun.get(effect)``: 1 and a new reference in *clause when it is not
+ * None, 0 when it is, -1 on error. */
+static int
+find_fun(PyObject *h, PyObject *effect, PyObject **clause)
+{
+    PyObject *fun = get_handler_attr(h, g_handler_fun, off_fun, s_fun);
+    if (fun == NULL)
+        return -1;
+    PyObject *c;
+    if (PyDict_CheckExact(fun)) {
+        c = PyDict_GetItemWithError(fun, effect);
+        if (c == NULL) {
+            Py_DECREF(fun);
+            return PyErr_Occurred() ? -1 : 0;
+        }
+        Py_INCREF(c);
+    }
+    else {
+        c = PyObject_CallMethodOneArg(fun, s_get, effect);
+        if (c == NULL) {
+            Py_DECREF(fun);
+            return -1;
+        }
+    }
+    Py_DECREF(fun);
+    if (c == Py_None) {
+        Py_DECREF(c);
+        return 0;
+    }
+    *clause = c;
+    return 1;
+}
+
+/* ``effect in h.on`` */
+static int
+in_on(PyObject *h, PyObject *effect)
+{
+    PyObject *on = get_handler_attr(h, g_handler_on, off_on, s_on);
+    if (on == NULL)
+        return -1;
+    int r = PyDict_CheckExact(on) ? PyDict_Contains(on, effect) : PySequence_Contains(on, effect);
+    Py_DECREF(on);
+    return r;
+}
+
+
+/* ``fibers.local.state`` (new reference). */
+static PyObject *
+thread_state(void)
+{
+    PyThreadState *ts = PyThreadState_Get();
+    uint64_t tid = PyThreadState_GetID(ts);
+    if (tid == cached_tid && cached_state != NULL)
+        return Py_NewRef(cached_state);
+    PyObject *tdict = PyThreadState_GetDict();       /* borrowed */
+    PyObject *st = NULL;
+    if (tdict != NULL) {
+        st = PyDict_GetItemWithError(tdict, state_key);
+        if (st != NULL)
+            Py_INCREF(st);
+        else if (PyErr_Occurred())
+            return NULL;
+    }
+    if (st == NULL) {
+        st = PyObject_GetAttr(g_local, s_state);
+        if (st == NULL)
+            return NULL;
+        if (tdict == NULL || PyDict_SetItem(tdict, state_key, st) < 0) {
+            PyErr_Clear();           /* no caching for this thread: still correct */
+            return st;
+        }
+    }
+    cached_tid = tid;
+    cached_state = st;
+    return st;
+}
+
+/* ---- the handler stack ------------------------------------------------------ */
+
+/* ``len(f.stack) - 1`` into *i; -1 on error. */
+static int
+top_index(PyObject *f, Py_ssize_t *i)
+{
+    PyObject *stack = get_slot(f, g_fiber_t, off_stack, s_stack);
+    if (stack == NULL)
+        return -1;
+    Py_ssize_t n = PyList_CheckExact(stack) ? PyList_GET_SIZE(stack) : PyObject_Size(stack);
+    Py_DECREF(stack);
+    if (n < 0)
+        return -1;
+    *i = n - 1;
+    return 0;
+}
+
+/* ``f.stack[i]`` (new reference), i >= 0. */
+static PyObject *
+stack_item(PyObject *f, Py_ssize_t i)
+{
+    PyObject *stack = get_slot(f, g_fiber_t, off_stack, s_stack);
+    if (stack == NULL)
+        return NULL;
+    PyObject *entry;
+    if (PyList_CheckExact(stack)) {
+        if (i < PyList_GET_SIZE(stack))
+            entry = Py_NewRef(PyList_GET_ITEM(stack, i));
+        else {
+            PyErr_SetString(PyExc_IndexError, "list index out of range");
+            entry = NULL;
+        }
+    }
+    else {
+        PyObject *key = PyLong_FromSsize_t(i);
+        entry = key == NULL ? NULL : PyObject_GetItem(stack, key);
+        Py_XDECREF(key);
+    }
+    Py_DECREF(stack);
+    return entry;
+}
+
+/* ``st.current.stack`` (new reference). */
+static PyObject *
+current_stack(PyObject *st)
+{
+    PyObject *cur = get_slot(st, g_tstate_t, off_current, s_current);
+    if (cur == NULL)
+        return NULL;
+    PyObject *stack = get_slot(cur, g_fiber_t, off_stack, s_stack);
+    Py_DECREF(cur);
+    return stack;
+}
+
+/* ``_Skip(f, i)`` (new reference): the slots are filled directly (_Skip has
+ * no __new__ or __init__ logic beyond that), reusing a cached marker if any. */
+static PyObject *
+new_skip(PyObject *f, Py_ssize_t i)
+{
+    PyObject *index = PyLong_FromSsize_t(i);
+    if (index == NULL)
+        return NULL;
+    PyObject *skip;
+    if (skip_cached > 0)
+        skip = skip_cache[--skip_cached];
+    else {
+        skip = g_skip_t->tp_alloc(g_skip_t, 0);
+        if (skip == NULL) {
+            Py_DECREF(index);
+            return NULL;
+        }
+    }
+    SLOT(skip, off_skip_fiber) = Py_NewRef(f);
+    SLOT(skip, off_skip_index) = index;
+    return skip;
+}
+
+/* ``st.current.stack.append(skip)``; 0 or -1. */
+static int
+push_marker(PyObject *st, PyObject *skip)
+{
+    PyObject *stack = current_stack(st);
+    if (stack == NULL)
+        return -1;
+    int r;
+    if (PyList_CheckExact(stack))
+        r = PyList_Append(stack, skip);
+    else {
+        PyObject *v = PyObject_CallMethodOneArg(stack, s_append, skip);
+        r = v == NULL ? -1 : 0;
+        Py_XDECREF(v);
+    }
+    Py_DECREF(stack);
+    return r;
+}
+
+/* ``st.current.stack.pop()``; the popped entry (new reference) or NULL. */
+static PyObject *
+pop_marker(PyObject *st)
+{
+    PyObject *stack = current_stack(st);
+    if (stack == NULL)
+        return NULL;
+    PyObject *item;
+    if (PyList_CheckExact(stack)) {
+        Py_ssize_t n = PyList_GET_SIZE(stack);
+        if (n == 0) {
+            PyErr_SetString(PyExc_IndexError, "pop from empty list");
+            item = NULL;
+        }
+        else if (n - 1 >= (((PyListObject *)stack)->allocated >> 1)) {
+            /* list.pop() without a reallocation: just drop the last item,
+             * whose reference passes to us. */
+            item = PyList_GET_ITEM(stack, n - 1);
+            Py_SET_SIZE(stack, n - 1);
+        }
+        else {
+            item = Py_NewRef(PyList_GET_ITEM(stack, n - 1));
+            if (PyList_SetSlice(stack, n - 1, n, NULL) < 0)
+                Py_CLEAR(item);
+        }
+    }
+    else
+        item = PyObject_CallMethodNoArgs(stack, s_pop);
+    Py_DECREF(stack);
+    return item;
+}
+
+/* Drop a popped entry; a marker nobody else refers to goes back to the cache. */
+static void
+release_entry(PyObject *item)
+{
+    if (Py_TYPE(item) == g_skip_t && Py_REFCNT(item) == 1 && skip_cached < SKIP_CACHE) {
+        PyObject *fiber = SLOT(item, off_skip_fiber);
+        PyObject *index = SLOT(item, off_skip_index);
+        SLOT(item, off_skip_fiber) = NULL;
+        SLOT(item, off_skip_index) = NULL;
+        skip_cache[skip_cached++] = item;
+        Py_XDECREF(index);
+        Py_XDECREF(fiber);       /* may run arbitrary code: the cache is consistent */
+        return;
+    }
+    Py_DECREF(item);
+}
+
+/* ---- exceptions ---------------------------------------------------------------- */
+
+#if PY_VERSION_HEX >= 0x030C0000
+static PyObject *exc_save(void) { return PyErr_GetRaisedException(); }
+static void exc_restore(PyObject *exc) { PyErr_SetRaisedException(exc); }
+#else
+static PyObject *
+exc_save(void)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (type == NULL)
+        return NULL;
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL) {
+        PyException_SetTraceback(value, tb);
+        Py_DECREF(tb);
+    }
+    Py_DECREF(type);
+    return value;
+}
+
+static void
+exc_restore(PyObject *exc)
+{
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc, PyException_GetTraceback(exc));
+}
+#endif
+
+/* ---- perform ----------------------------------------------------------------- */
+
+static PyObject *
+args_tuple(PyObject *const *args, Py_ssize_t n)
+{
+    PyObject *t = PyTuple_New(n);
+    if (t == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0; k < n; k++)
+        PyTuple_SET_ITEM(t, k, Py_NewRef(args[k]));
+    return t;
+}
+
+/* Nothing handles the effect: ``effect.default(*args)`` or ``raise Unhandled(effect, args)``. */
+static PyObject *
+unhandled(PyObject *effect, PyObject *const *args, Py_ssize_t n)
+{
+    PyObject *dflt = PyObject_GetAttr(effect, s_default);
+    if (dflt == NULL)
+        return NULL;
+    if (dflt != Py_None) {
+        PyObject *r = PyObject_Vectorcall(dflt, args, n, NULL);
+        Py_DECREF(dflt);
+        return r;
+    }
+    Py_DECREF(dflt);
+    PyObject *payload = args_tuple(args, n);
+    if (payload == NULL)
+        return NULL;
+    PyObject *call[2] = {effect, payload};
+    PyObject *exc = PyObject_Vectorcall(g_unhandled, call, 2, NULL);
+    Py_DECREF(payload);
+    if (exc == NULL)
+        return NULL;
+    if (PyExceptionInstance_Check(exc))
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    else
+        PyErr_SetString(PyExc_TypeError, "exceptions must derive from BaseException");
+    Py_DECREF(exc);
+    return NULL;
+}
+
+/* ``effect in h.on``: hand the chain up to ``f`` to handlers._suspend_perform.
+ * Steals the references to f and h. */
+static PyObject *
+suspend(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, PyObject *h)
+{
+    PyObject *found = PyList_New(2);
+    if (found == NULL) {
+        Py_DECREF(f);
+        Py_DECREF(h);
+        return NULL;
+    }
+    PyList_SET_ITEM(found, 0, f);
+    PyList_SET_ITEM(found, 1, h);
+    PyObject *payload = args_tuple(args, n);
+    if (payload == NULL) {
+        Py_DECREF(found);
+        return NULL;
+    }
+    PyObject *call[3] = {effect, payload, found};
+    PyObject *r = PyObject_Vectorcall(g_suspend, call, 3, NULL);
+    Py_DECREF(payload);
+    Py_DECREF(found);
+    return r;
+}
+
+PyDoc_STRVAR(perform_doc,
+"perform($module, effect, /, *args)\n--\n\n"
+"Perform ``effect`` with ``args``; return the value the handler resumes with.\n\n"
+"Raises :class:`Unhandled` here, at the perform site, when no handler in\n"
+"scope handles ``effect`` and it has no ``default``.  (Compiled version of\n"
+"kina_fx.handlers._perform_py.)");
+
+static PyObject *
+perform(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1) {
+        PyErr_SetString(PyExc_TypeError, "perform() missing 1 required positional argument: 'effect'");
+        return NULL;
+    }
+    if (g_local == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "kina_fx._speedups is not bound (kina_fx.handlers binds it)");
+        return NULL;
+    }
+    PyObject *effect = args[0];
+    PyObject *const *cargs = args + 1;
+    Py_ssize_t n = nargs - 1;
+
+    PyObject *st = thread_state();
+    if (st == NULL)
+        return NULL;
+    PyObject *f = get_slot(st, g_tstate_t, off_current, s_current);
+    PyObject *clause = NULL;
+    Py_ssize_t i;
+    if (f == NULL || top_index(f, &i) < 0)
+        goto error;
+
+    for (;;) {
+        if (i >= 0) {
+            PyObject *entry = stack_item(f, i);
+            if (entry == NULL)
+                goto error;
+            if (Py_TYPE(entry) == g_skip_t) {
+                PyObject *nf = get_slot(entry, g_skip_t, off_skip_fiber, s_fiber);
+                PyObject *index = nf == NULL ? NULL : get_slot(entry, g_skip_t, off_skip_index, s_index);
+                Py_DECREF(entry);
+                if (index == NULL) {
+                    Py_XDECREF(nf);
+                    goto error;
+                }
+                Py_SETREF(f, nf);
+                i = PyLong_AsSsize_t(index);
+                Py_DECREF(index);
+                if (i == -1 && PyErr_Occurred())
+                    goto error;
+                i -= 1;
+                if (i >= -1)
+                    continue;
+            }
+            else {
+                int r = find_fun(entry, effect, &clause);
+                Py_DECREF(entry);
+                if (r < 0)
+                    goto error;
+                if (r)
+                    break;
+                i -= 1;
+                continue;
+            }
+        }
+        else {
+            PyObject *h = get_slot(f, g_fiber_t, off_handler, s_handler);
+            if (h == NULL)
+                goto error;
+            if (h != Py_None) {
+                int r = find_fun(h, effect, &clause);
+                if (r == 0)
+                    r = in_on(h, effect);
+                else if (r > 0) {
+                    Py_DECREF(h);
+                    break;
+                }
+                if (r < 0) {
+                    Py_DECREF(h);
+                    goto error;
+                }
+                if (r) {
+                    Py_DECREF(st);
+                    return suspend(effect, cargs, n, f, h);
+                }
+            }
+            Py_DECREF(h);
+        }
+        Py_SETREF(f, get_slot(f, g_fiber_t, off_parent, s_parent));
+        if (f == NULL)
+            goto error;
+        if (f == Py_None) {
+            Py_DECREF(f);
+            Py_DECREF(st);
+            return unhandled(effect, cargs, n);
+        }
+        if (top_index(f, &i) < 0)
+            goto error;
+    }
+
+    /* A tail-resumptive clause: run it here, outside its own handler. */
+    PyObject *skip = new_skip(f, i);
+    Py_CLEAR(f);
+    if (skip == NULL)
+        goto error;
+    int pushed = push_marker(st, skip);
+    Py_DECREF(skip);
+    if (pushed < 0)
+        goto error;
+    PyObject *result = PyObject_Vectorcall(clause, cargs, n, NULL);
+    Py_CLEAR(clause);
+    if (result != NULL && Py_TYPE(result) == g_tail_t) {
+        /* see the top of this file: nest as the Python frame would have */
+        Py_SETREF(result, PyObject_CallOneArg(g_nested, result));
+    }
+    /* finally: st.current.stack.pop() */
+    PyObject *pending = result == NULL ? exc_save() : NULL;
+    PyObject *popped = pop_marker(st);
+    Py_DECREF(st);
+    if (popped == NULL) {
+        Py_XDECREF(result);
+        if (pending != NULL) {
+            PyObject *exc = exc_save();
+            if (exc != NULL) {
+                PyException_SetContext(exc, pending);
+                exc_restore(exc);
+            }
+            else
+                exc_restore(pending);
+        }
+        return NULL;
+    }
+    release_entry(popped);
+    if (pending != NULL)
+        exc_restore(pending);
+    return result;
+
+error:
+    Py_XDECREF(f);
+    Py_XDECREF(clause);
+    Py_DECREF(st);
+    return NULL;
+}
+
+/* ---- binding ------------------------------------------------------------------ */
+
+/* The offset of ``type.<name>``, a writable object slot (__slots__ entry). */
+static int
+slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *off, PyObject **descr_out)
+{
+    PyObject *descr = PyObject_GetAttrString((PyObject *)type, name);
+    if (descr == NULL)
+        return -1;
+    if (Py_TYPE(descr) != &PyMemberDescr_Type) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a __slots__ member", type->tp_name, name);
+        Py_DECREF(descr);
+        return -1;
+    }
+    PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
+    if (m->type != T_OBJECT_EX || (m->flags & READONLY) || m->offset <= 0) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a writable object slot", type->tp_name, name);
+        Py_DECREF(descr);
+        return -1;
+    }
+    *off = m->offset;
+    if (descr_out != NULL)
+        *descr_out = descr;
+    else
+        Py_DECREF(descr);
+    return 0;
+}
+
+static int
+check_type(PyObject *obj, const char *what)
+{
+    if (!PyType_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "_bind: %s must be a class", what);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(bind_doc,
+"_bind(local, Fiber, ThreadState, Handler, Skip, TailResume, Unhandled, suspend, nested)\n--\n\n"
+"Called once by kina_fx.handlers: the objects perform() works with.");
+
+static PyObject *
+bind(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *local, *fiber_t, *tstate_t, *handler_t, *skip_t, *tail_t, *unhandled_t, *susp, *nested;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOO:_bind", &local, &fiber_t, &tstate_t, &handler_t,
+                          &skip_t, &tail_t, &unhandled_t, &susp, &nested))
+        return NULL;
+    if (check_type(fiber_t, "Fiber") || check_type(tstate_t, "ThreadState") ||
+            check_type(handler_t, "Handler") || check_type(skip_t, "Skip") ||
+            check_type(tail_t, "TailResume") || check_type(unhandled_t, "Unhandled"))
+        return NULL;
+    if (!PyCallable_Check(susp) || !PyCallable_Check(nested)) {
+        PyErr_SetString(PyExc_TypeError, "_bind: suspend and nested must be callable");
+        return NULL;
+    }
+    Py_ssize_t o_stack, o_handler, o_parent, o_current, o_fiber, o_index, o_fun, o_on;
+    PyObject *d_fun = NULL, *d_on = NULL;
+    PyTypeObject *ft = (PyTypeObject *)fiber_t, *tt = (PyTypeObject *)tstate_t,
+                 *ht = (PyTypeObject *)handler_t, *kt = (PyTypeObject *)skip_t;
+    if (slot_offset(ft, "stack", &o_stack, NULL) || slot_offset(ft, "handler", &o_handler, NULL) ||
+            slot_offset(ft, "parent", &o_parent, NULL) || slot_offset(tt, "current", &o_current, NULL) ||
+            slot_offset(kt, "fiber", &o_fiber, NULL) || slot_offset(kt, "index", &o_index, NULL))
+        return NULL;
+    if (slot_offset(ht, "fun", &o_fun, &d_fun))
+        return NULL;
+    if (slot_offset(ht, "on", &o_on, &d_on)) {
+        Py_DECREF(d_fun);
+        return NULL;
+    }
+    /* Rebinding (tests reload handlers) replaces everything, caches included. */
+    PyObject *key = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
+    if (key == NULL) {
+        Py_DECREF(d_fun);
+        Py_DECREF(d_on);
+        return NULL;
+    }
+    Py_XSETREF(state_key, key);
+    cached_tid = 0;
+    cached_state = NULL;
+    while (skip_cached > 0)
+        Py_DECREF(skip_cache[--skip_cached]);
+    Py_XSETREF(g_local, Py_NewRef(local));
+    Py_XSETREF(g_fiber_t, (PyTypeObject *)Py_NewRef(fiber_t));
+    Py_XSETREF(g_tstate_t, (PyTypeObject *)Py_NewRef(tstate_t));
+    Py_XSETREF(g_skip_t, (PyTypeObject *)Py_NewRef(skip_t));
+    Py_XSETREF(g_tail_t, (PyTypeObject *)Py_NewRef(tail_t));
+    Py_XSETREF(g_handler_fun, d_fun);
+    Py_XSETREF(g_handler_on, d_on);
+    Py_XSETREF(g_unhandled, Py_NewRef(unhandled_t));
+    Py_XSETREF(g_suspend, Py_NewRef(susp));
+    Py_XSETREF(g_nested, Py_NewRef(nested));
+    off_stack = o_stack;
+    off_handler = o_handler;
+    off_parent = o_parent;
+    off_current = o_current;
+    off_skip_fiber = o_fiber;
+    off_skip_index = o_index;
+    off_fun = o_fun;
+    off_on = o_on;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"perform", (PyCFunction)(void (*)(void))perform, METH_FASTCALL, perform_doc},
+    {"_bind", bind, METH_VARARGS, bind_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    "kina_fx._speedups",
+    "Compiled fast path of kina_fx.handlers.perform (see kina_fx/_native/speedups.c).",
+    -1,
+    methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
+    INTERN(s_state, "state");
+    INTERN(s_current, "current");
+    INTERN(s_stack, "stack");
+    INTERN(s_handler, "handler");
+    INTERN(s_parent, "parent");
+    INTERN(s_fiber, "fiber");
+    INTERN(s_index, "index");
+    INTERN(s_fun, "fun");
+    INTERN(s_on, "on");
+    INTERN(s_get, "get");
+    INTERN(s_default, "default");
+    INTERN(s_pop, "pop");
+    INTERN(s_append, "append");
+#undef INTERN
+    return PyModule_Create(&module_def);
+}
