@@ -280,7 +280,7 @@ def allocate(nbytes: int, alignment: int = 64) -> int:
             raise ResourceError(f"cannot allocate {nbytes} bytes of managed memory: "
                                 f"the device has {free} bytes free")
         try:
-            address = cp.cuda.runtime.mallocManaged(max(nbytes, 1), cp.cuda.runtime.memAttachGlobal)
+            address = cp.cuda.runtime.mallocManaged(max(nbytes, 1))  # cudaMemAttachGlobal
         except cp.cuda.runtime.CUDARuntimeError as exc:
             raise ResourceError(f"cudaMallocManaged({nbytes}) failed: {exc}") from exc
         _allocations[address] = ("cuda", nbytes, None)

@@ -30,7 +30,7 @@ CUDARuntimeError.__module__ = "cupy_backends.cuda.api.runtime"
 def make_fake_cupy(free_bytes=1 << 30):
     state = types.SimpleNamespace(buffers={}, frees=[], syncs=0, free_bytes=free_bytes, fail_sync=False)
 
-    def mallocManaged(nbytes, flags):
+    def mallocManaged(nbytes, flags=1):
         buf = np.empty(nbytes + 256, np.uint8)
         address = (buf.__array_interface__["data"][0] + 255) // 256 * 256
         state.buffers[address] = buf
@@ -50,7 +50,7 @@ def make_fake_cupy(free_bytes=1 << 30):
             state.syncs += 1
 
     runtime = types.SimpleNamespace(
-        memAttachGlobal=1, getDeviceCount=lambda: 1, memGetInfo=lambda: (state.free_bytes, 1 << 34),
+        getDeviceCount=lambda: 1, memGetInfo=lambda: (state.free_bytes, 1 << 34),
         mallocManaged=mallocManaged, free=free, pointerGetAttributes=pointerGetAttributes,
         CUDARuntimeError=CUDARuntimeError)
     cuda = types.SimpleNamespace(runtime=runtime, get_current_stream=lambda: Stream())
