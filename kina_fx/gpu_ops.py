@@ -188,9 +188,12 @@ def gather(values, indices, out=None):
         return xp.take(values, indices, axis=0)
     if out.size == 0:
         return out
-    # Indices are checked above, so "clip" never clips; it spares NumPy's
-    # buffered "raise" mode.
-    return xp.take(values, indices, axis=0, out=out, mode="clip")
+    # take(a, indices, axis, out) is the subset NumPy and CuPy share (CuPy has
+    # no ``mode``); a strided out goes through a temporary.
+    if out.flags.c_contiguous:
+        return xp.take(values, indices, axis=0, out=out)
+    out[...] = xp.take(values, indices, axis=0)
+    return out
 
 
 def softmax(x, axis=-1, out=None):
