@@ -50,6 +50,19 @@ def test_c_host_via_kina_fx_config(tmp_path):
 
 
 @needs_gcc
+def test_threads_race_on_the_first_call(tmp_path):
+    """Threads starting Python together, then calling with their own errors."""
+    exe = tmp_path / "threads_host"
+    subprocess.run([GCC, "-O2", "-Wall", "-Werror", str(HERE / "threads_host.c"),
+                    *kina_fx_config("--cflags", "--libs"), "-lpthread", "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+    for _ in range(3):  # the start-up race differs run to run
+        result = run_clean([exe])
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert ", 0 failures" in result.stdout and result.stderr == ""
+
+
+@needs_gcc
 def test_config_paths_exist():
     (includedir,) = kina_fx_config("--includedir")
     (libdir,) = kina_fx_config("--libdir")
