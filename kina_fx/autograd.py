@@ -781,8 +781,11 @@ _MATMUL = _prim("matmul", 2, _matmul_k, _matmul_vjp, _matmul_jvp).effect
 
 
 # sum
-def _sum_k(x, axis, keepdims):
-    return _array_module(x).sum(x, axis=axis, keepdims=keepdims)
+def _sum_k(x, axis=None, keepdims=False):
+    try:        # the array's own method: no Python-level NumPy wrapper
+        return x.sum(axis=axis, keepdims=keepdims)
+    except AttributeError:      # a Python scalar
+        return np.sum(x, axis=axis, keepdims=keepdims)
 
 
 def _expand_back(o, g, shape, axis, keepdims):
@@ -810,8 +813,11 @@ def _count(shape, axis):
     return math.prod(shape[i] for i in _norm_axes(axis, len(shape)))
 
 
-def _mean_k(x, axis, keepdims):
-    return _array_module(x).mean(x, axis=axis, keepdims=keepdims)
+def _mean_k(x, axis=None, keepdims=False):
+    try:        # the array's own method: no Python-level NumPy wrapper
+        return x.mean(axis=axis, keepdims=keepdims)
+    except AttributeError:      # a Python scalar
+        return np.mean(x, axis=axis, keepdims=keepdims)
 
 
 def _mean_vjp(o, g, out, x, params):
@@ -827,8 +833,11 @@ _MEAN = _prim("mean", 1, _mean_k, _mean_vjp, _mean_jvp).effect
 
 
 # max (ties share the gradient equally)
-def _max_k(x, axis, keepdims):
-    return _array_module(x).max(x, axis=axis, keepdims=keepdims)
+def _max_k(x, axis=None, keepdims=False):
+    try:        # the array's own method: no Python-level NumPy wrapper
+        return x.max(axis=axis, keepdims=keepdims)
+    except AttributeError:      # a Python scalar
+        return np.max(x, axis=axis, keepdims=keepdims)
 
 
 def _max_weights(x, out, axis, keepdims):
@@ -858,7 +867,10 @@ _MAX = _prim("max", 1, _max_k, _max_vjp, _max_jvp).effect
 
 # reshape
 def _reshape_k(x, shape):
-    return _array_module(x).reshape(x, shape)
+    try:
+        return x.reshape(shape)
+    except AttributeError:
+        return np.reshape(x, shape)
 
 
 def _reshape_vjp(o, g, out, x, params):
@@ -873,8 +885,11 @@ _RESHAPE = _prim("reshape", 1, _reshape_k, _reshape_vjp, _reshape_jvp).effect
 
 
 # transpose
-def _transpose_k(x, axes):
-    return _array_module(x).transpose(x, axes)
+def _transpose_k(x, axes=None):
+    try:
+        return x.transpose(axes)
+    except AttributeError:
+        return np.transpose(x, axes)
 
 
 def _transpose_vjp(o, g, out, x, params):
@@ -1118,13 +1133,8 @@ class _Kernels:
     repeat_interleave = staticmethod(_repeat_interleave_k)
     where = staticmethod(_where_k)
 
-    @staticmethod
-    def sum(x, axis=None, keepdims=False):
-        return _array_module(x).sum(x, axis=axis, keepdims=keepdims)
-
-    @staticmethod
-    def mean(x, axis=None, keepdims=False):
-        return _array_module(x).mean(x, axis=axis, keepdims=keepdims)
+    sum = staticmethod(_sum_k)
+    mean = staticmethod(_mean_k)
 
 
 class _Primitives:
