@@ -15,7 +15,7 @@ One function per conversion:
 * :func:`write_allocation`-- fill a descriptor in place for a new buffer
 * :func:`from_numpy`      -- NumPy array -> unranked memref (for Python callers/tests)
 
-plus :func:`cached_numpy_view`, the hot path of the C exports: the view for a
+plus :class:`ViewCache`, the hot path of the C exports: the view for a
 descriptor's exact bytes is memoised, because building an ndarray costs several
 microseconds while a 2x2 matmul costs about one.  A view is a pure function of
 those bytes (address, shape, strides, dtype), so a cached view is the same
@@ -27,9 +27,8 @@ embedded library's or this module's) or plain integer addresses.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import struct
+from typing import NamedTuple
 
 import cffi
 import numpy as np
@@ -130,7 +129,7 @@ def _extent(d: Descriptor, itemsize: int, name: str):
             high += (size - 1) * stride
     lo_addr = d.aligned + low * itemsize
     hi_addr = d.aligned + (high + 1) * itemsize
-    if lo_addr < 0 or hi_addr > _ADDR_LIMIT:
+    if lo_addr < 0 or hi_addr > _ADDR_LIMIT or hi_addr - lo_addr > _INT64_MAX:
         raise ValidationError(f"{name}: offset/strides address memory outside the address space")
     return lo_addr, hi_addr - lo_addr, (d.aligned + d.offset * itemsize) - lo_addr
 
@@ -149,7 +148,9 @@ def numpy_view(d: Descriptor, dtype, name: str = "memref") -> np.ndarray:
         return np.empty(d.sizes, dtype)
     lo, span, start = ext
     buf = ffi.buffer(ffi.cast("char *", lo), span)
-    return np.ndarray(d.sizes, dtype, buf, start, tuple([s * item for s in d.strides]))
+    # A stride of a length-1 dimension never moves; MLIR leaves it arbitrary.
+    strides = tuple([s * item if n != 1 else 0 for s, n in zip(d.strides, d.sizes)])
+    return np.ndarray(d.sizes, dtype, buf, start, strides)
 
 
 def _is_device_pointer(cp, address: int) -> bool:
@@ -176,7 +177,7 @@ def cupy_view(d: Descriptor, dtype, cp, name: str = "memref"):
         return None
     mem = cp.cuda.UnownedMemory(lo, span, None)
     ptr = cp.cuda.MemoryPointer(mem, start)
-    strides = tuple(s * dtype.itemsize for s in d.strides)
+    strides = tuple([s * dtype.itemsize if n != 1 else 0 for s, n in zip(d.strides, d.sizes)])
     return cp.ndarray(d.sizes, dtype, ptr, strides)
 
 

@@ -119,3 +119,21 @@ def test_strides_must_be_whole_elements():
     odd = np.lib.stride_tricks.as_strided(raw[:12].view(np.float32), (2,), (6,))
     with pytest.raises(ValidationError, match="multiple"):
         memref.from_numpy(odd)
+
+
+@pytest.mark.parametrize("words", [
+    [4096, 4096, 0, 3, 1 << 62],            # stride too large for the address space
+    [4096, 4096, -(1 << 40), 2, 1],         # offset before address 0
+    [4096, 4096, (1 << 62), 2, 1],          # offset past the address space
+])
+def test_descriptors_addressing_outside_memory_are_rejected(words):
+    d = memref.UnrankedMemref(None, 1, words).descriptor()
+    with pytest.raises(ValidationError, match="address space"):
+        memref.numpy_view(d, np.float32)
+
+
+def test_strides_of_length_one_dimensions_are_ignored():
+    a = np.arange(3, dtype=np.float32)
+    address = a.__array_interface__["data"][0]
+    d = memref.UnrankedMemref(a, 2, [address, address, 0, 1, 3, 1 << 62, 1]).descriptor()
+    np.testing.assert_array_equal(memref.numpy_view(d, np.float32), a[None, :])
