@@ -1394,7 +1394,7 @@ class Tape:
         self.name = name or f"tape{self.tag}"
         self._nodes = []         # (rule, out_id, in_ids, u, v, out_value): see _backward
         self._n = 0              # ids handed out so far
-        self._leaves = {}        # id -> name, for watched values
+        self._leaves = {}        # id -> (name or None, value), for watched values
         self._live = False
         self._handler = None
 
@@ -1429,7 +1429,7 @@ class Tape:
         x = _as_input(x)
         i = self._n
         self._n = i + 1
-        self._leaves[i] = name or f"x{len(self._leaves)}"
+        self._leaves[i] = (name, x)
         return _box(x, self, i)
 
     # -- the backward pass --
@@ -1504,8 +1504,9 @@ class Tape:
             v = _raw(v)
             return f"{tuple(_shape(v))} {getattr(v, 'dtype', type(v).__name__)}"
 
-        for i, leaf in self._leaves.items():
-            lines.append(f"  v{i} [label=\"{leaf}\\n\", shape=ellipse, style=filled, "
+        for k, (i, (leaf, value)) in enumerate(self._leaves.items()):
+            leaf = leaf or f"x{k}"
+            lines.append(f"  v{i} [label=\"{leaf}\\n{label(value)}\", shape=ellipse, style=filled, "
                          f"fillcolor=lightblue];")
         for k, (rule, oid, ids, args, params, out) in enumerate(self._nodes):
             pname = _RULE_NAMES.get(rule, "?")
@@ -1876,7 +1877,7 @@ def value_and_grad(f, argnums=0, has_aux=False):
         with tape:
             for n in nums:
                 leaves, rebuild = _flatten(args[n])
-                boxes = [tape.watch(_as_input(leaf)) for leaf in leaves]
+                boxes = [tape.watch(leaf) for leaf in leaves]
                 structs.append((leaves, rebuild, boxes))
                 args[n] = rebuild(boxes)
             res = f(*args, **kwargs)
@@ -1928,7 +1929,7 @@ def vjp(f, *primals):
     with tape:
         for p in primals:
             leaves, rebuild = _flatten(p)
-            boxes = [tape.watch(_as_input(leaf)) for leaf in leaves]
+            boxes = [tape.watch(leaf) for leaf in leaves]
             structs.append((leaves, rebuild, boxes))
             args.append(rebuild(boxes))
         res = f(*args)

@@ -269,8 +269,24 @@ def test_tape_to_dot_draws_the_graph():
     for op in ("exp", "mul", "sum"):
         assert f'label="{op}"' in dot
     assert dot.count("shape=box") == 3
-    assert 'label="x' in dot
+    assert 'label="x\\n(3,) float64"' in dot
     assert float(t.gradient(y, x).sum()) == pytest.approx(6 * math.e)
+
+
+def test_to_dot_is_valid_graphviz(tmp_path):
+    import shutil
+    import subprocess
+    dot_exe = shutil.which("dot")
+    if dot_exe is None:
+        pytest.skip("Graphviz's dot is not installed")
+    with ad.Tape() as t:
+        x = t.watch(np.ones(3, np.float32), "x")
+        ad.sum(ad.tanh(x @ np.ones((3, 2), np.float32)) * 2.0)
+    src = tmp_path / "tape.dot"
+    src.write_text(t.to_dot())
+    out = tmp_path / "tape.svg"
+    subprocess.run([dot_exe, "-Tsvg", str(src), "-o", str(out)], check=True)
+    assert "matmul" in out.read_text()
 
 
 def test_tape_ignores_values_it_does_not_own():
