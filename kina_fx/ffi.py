@@ -75,7 +75,7 @@ def _check_device_ordinal(ordinal: int) -> None:
 class _Operands:
     """Arrays for one call's memrefs on the selected backend.
 
-    CPU: zero-copy NumPy views (memoised, :func:`memref.cached_numpy_view`).
+    CPU: zero-copy NumPy views (memoised, :class:`memref.ViewCache`).
     CUDA: zero-copy CuPy views of device/managed memory; host memory the device
     cannot address is staged, and staged outputs are written back by
     :meth:`finish`.
