@@ -458,16 +458,24 @@ def test_cupy_backend_matches_numpy():
     x = rng.standard_normal((16, 8)).astype(np.float32)
     w = rng.standard_normal((8, 4)).astype(np.float32)
     labels = rng.integers(0, 4, size=16)
+    idx = np.array([0, 0, 3])
 
-    def loss(w, x, labels):
-        h = ad.relu(x @ w)
-        return ad.cross_entropy(h, labels) + ad.mean(ad.gather(w, np.array([0, 0, 3]))
-                                                     if not hasattr(x, "device") else
-                                                     ad.gather(w, cp.asarray([0, 0, 3])))
-    g_np = ad.grad(loss)(w, x, labels)
-    g_cp = ad.grad(loss)(cp.asarray(w), cp.asarray(x), cp.asarray(labels))
-    assert isinstance(g_cp, cp.ndarray) and g_cp.dtype == np.float32
-    np.testing.assert_allclose(cp.asnumpy(g_cp), g_np, rtol=1e-4, atol=1e-6)
+    def loss(w, x, labels, idx):
+        h = ad.tanh(x @ w) + ad.relu(x @ w) * ad.sigmoid(x @ w)
+        return (ad.cross_entropy(h, labels) + ad.mean(ad.gather(w, idx) ** 2)
+                + ad.max(ad.log_softmax(h, axis=0)) + ad.sum(h[::2, 1:] * 3.0))
+    g_np = ad.grad(loss, argnums=(0, 1))(w, x, labels, idx)
+    g_cp = ad.grad(loss, argnums=(0, 1))(cp.asarray(w), cp.asarray(x), cp.asarray(labels),
+                                         cp.asarray(idx))
+    for a, b in zip(g_cp, g_np):
+        assert isinstance(a, cp.ndarray) and a.dtype == np.float32
+        np.testing.assert_allclose(cp.asnumpy(a), b, rtol=1e-4, atol=1e-5)
+    # forward over reverse on the device too
+    v = np.ones_like(w)
+    _, hv_np = ad.jvp(lambda w: ad.grad(loss)(w, x, labels, idx), (w,), (v,))
+    _, hv_cp = ad.jvp(lambda w: ad.grad(loss)(w, cp.asarray(x), cp.asarray(labels),
+                                               cp.asarray(idx)), (cp.asarray(w),), (cp.asarray(v),))
+    np.testing.assert_allclose(cp.asnumpy(hv_cp), hv_np, rtol=1e-3, atol=1e-4)
 
 
 # --- the CuPy code path, without a GPU: a NumPy-backed stand-in for CuPy ----------------
