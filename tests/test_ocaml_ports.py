@@ -354,6 +354,39 @@ def test_evenodd_100_000_nested_handlers():
     assert f"even {n} is {str(even(n)).lower()}" == "even 100000 is true"
 
 
+def test_evenodd_variant_effects_through_100_000_handlers():
+    # evenodd.ml's depth, with effects actually crossing the nest (as in
+    # reperform.ml): the innermost body performs an effect answered by the
+    # outermost `fun` handler, one answered by an `on` handler outside
+    # everything, and one whose `fun` clause, halfway down, raises.
+    E, F, G, X = (fresh(f"evenodd2.{n}") for n in "EFGX")
+
+    class Boom(Exception):
+        pass
+
+    def boom():
+        raise Boom
+
+    def nest(n):
+        if n == 0:
+            a = perform(E, 1)
+            b = perform(G, 2)
+            try:
+                perform(X)
+                c = "no boom"
+            except Boom:
+                c = "boom"
+            return (a, b, c)
+        if n == 50_000:
+            return Handler(fun={X: boom}, ret=lambda v: v).run(nest, n - 1)
+        return Handler(fun={F: lambda: "never"}).run(nest, n - 1)
+
+    outer = Handler(on={G: lambda k, v: k.resume(v * 10)})
+    r = outer.run(lambda: Handler(fun={E: lambda v: v + 100},
+                                  ret=lambda v: ("ret", v)).run(nest, 100_000))
+    assert r == ("ret", (101, 20, "boom"))
+
+
 # --- sched.ml: scheduler with fork/yield/ping, exnc and discontinue ------------
 
 def test_sched():
