@@ -231,7 +231,11 @@ def unwind(chain: Chain) -> None:
 
     Each suspended fiber gets :class:`Unwind` raised at its suspension point,
     detached from every handler outside it.  Exceptions its cleanup raises are
-    reported through ``sys.unraisablehook``, as for ``__del__``.  A chain of
+    reported through ``sys.unraisablehook``, as for ``__del__``.
+
+    This may run at any allocation (the cycle collector frees dropped
+    continuations), even halfway through a switch of this module, so it saves
+    and restores every piece of thread state a switch uses.  A chain of
     another thread cannot be entered from here; greenlet reclaims it when that
     thread's greenlets are collected.
     """
@@ -240,17 +244,23 @@ def unwind(chain: Chain) -> None:
     if fiber is None or fiber.thread != threading.get_ident():
         return
     st = local.state
-    while fiber is not None:
-        outer = None if fiber is base else fiber.parent
-        if fiber.job is None and fiber.glet is not None:
-            fiber.parent = None
-            fiber.unwinder = st.current
-            st.current = fiber
-            glet = fiber.glet
-            glet.throw(Unwind)
-            del glet
-        fiber.job = None
-        fiber = outer
+    saved = (st.current, st.mail, st.outbox, st.to_start)
+    unwinder = Fiber()               # stands for whoever is running this code
+    unwinder.glet = getcurrent()
+    try:
+        while fiber is not None:
+            outer = None if fiber is base else fiber.parent
+            if fiber.job is None and fiber.glet is not None:
+                fiber.parent = None
+                fiber.unwinder = unwinder
+                st.current = fiber
+                glet = fiber.glet
+                glet.throw(Unwind)
+                del glet
+            fiber.job = None
+            fiber = outer
+    finally:
+        st.current, st.mail, st.outbox, st.to_start = saved
 
 
 def _begin_unwind_here(st):

@@ -283,6 +283,12 @@ def _suspend_perform(effect, args, found):
     """
     f, h = found
     found.clear()
+    if f.parent is None:
+        # No resumer: the chain is being unwound (a dropped continuation's
+        # cleanup), detached from everything outside it.  Nothing can answer.
+        if effect.default is not None:
+            return effect.default(*args)
+        raise Unhandled(effect, args)
     st = local.state
     k = Continuation(st.current, f, f.shallow)
     if f.shallow:
@@ -703,10 +709,11 @@ def _resume_nested(tail):
     """Drive a _TailResume that came back through the compiled perform.
 
     The Python perform frame (inside try/finally) stops the tail-position walk
-    of _returns_straight_to_driver; the C one is invisible to it.  A resume in
-    tail position inside a ``fun`` clause can therefore reach the C perform as a
-    _TailResume, which nests here, before the skip marker is popped: what
-    _resume_from would have done at the resume with the Python perform.
+    of _returns_straight_to_driver; the C one is invisible to it, and only the
+    callee-name check rejects it (a clause function named ``perform`` passes).
+    Such a resume in tail position inside a ``fun`` clause reaches the C
+    perform as a _TailResume, which nests here, before the skip marker is
+    popped: what _resume_from does at the resume with the Python perform.
     """
     chain, send = tail.chain, tail.send
     del tail
