@@ -250,7 +250,7 @@ def unwind(chain: Chain) -> None:
     try:
         while fiber is not None:
             outer = None if fiber is base else fiber.parent
-            if fiber.job is None and fiber.glet is not None:
+            if fiber.job is None and fiber.glet is not None and not fiber.glet.dead:
                 fiber.parent = None
                 fiber.unwinder = unwinder
                 st.current = fiber
