@@ -3474,15 +3474,17 @@ def test_interleaved_iterators_agree_with_generators():
 #
 # * effects/manylive.ml: no effects at all; stresses OCaml's frame tables / GC roots.
 # * effects/test7.ml, test9.ml's second line, cont_gc_test.ml, clone_test.ml,
-#   effects-examples multishot/* (nondeterminism, queens, memo, delimcc, nim,
-#   clone_is_tricky): need Obj.clone_continuation (multi-shot); neither OCaml 5
-#   nor kina_fx has it.  The one-shot parts are ported above
+#   effects-examples memo.ml and multishot/* (nondeterminism, queens, memo,
+#   delimcc, nim, clone_is_tricky): need Obj.clone_continuation (multi-shot);
+#   neither OCaml 5 nor kina_fx has it.  The one-shot parts are ported above
 #   (test_test8_..., test_test9_...) and the Python "clone" (copy.copy /
-#   copy.deepcopy) is checked in test_clone_continuation_analog_is_not_multishot.
+#   copy.deepcopy, pickle) is checked in test_clone_analog_* / test_marshal_analog_*.
+# * effects/test10.ml's Deep.get_callstack: no kina_fx analog (the rest is ported).
 # * test_lazy.ml part 3: CamlinternalLazy.Undefined (concurrent Lazy.force).
-# * effect-syntax/error_messages.ml, when_test.ml, mixed.ml's type errors:
-#   type-checker/syntax tests.
+# * effect-syntax/error_messages.ml and mixed.ml's type errors: type-checker tests
+#   (mixed.ml's runnable part and when_test.ml are ported).
 # * effect-syntax/test1..test11.ml: same programs as effects/test*.ml.
-# * effects-examples aio/, mvar/ chameneos, callbacks/, ppl/: need Unix I/O,
-#   systhreads, Lwt or C stubs; sched/concurrent/promises cover the scheduling.
+# * effects-examples aio/, mvar/chameneos*, callbacks/, ppl/, promises over Lwt:
+#   need Unix I/O, systhreads, Lwt or C stubs; sched/concurrent/promises/mvar
+#   cover the scheduling.
 # =============================================================================
