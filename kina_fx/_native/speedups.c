@@ -32,9 +32,11 @@
  * (handlers._returns_straight_to_driver) walks Python frames only.  The Python
  * perform frame, being inside try/finally, stops that walk, so a resume done
  * by a ``fun`` clause nests inside the clause with the skip marker still in
- * place.  This C frame is invisible, so the walk may run past it and hand a
- * _TailResume back through here; we then drive it right here, before popping
- * the marker (handlers._resume_nested), which is what the Python version does.
+ * place.  This C frame is invisible; the walk checks each link's callee by
+ * name, which rejects it, except when the clause function is itself named
+ * ``perform``.  Then a _TailResume comes back through here, and we drive it
+ * right here, before popping the marker (handlers._resume_nested): what the
+ * Python version does (tests/test_speedups.py has the case).
  *
  * Assumptions (checked once, in _bind): Fiber, ThreadState and _Skip are the
  * kina_fx.fibers/handlers classes with their __slots__ member descriptors;

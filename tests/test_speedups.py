@@ -1,0 +1,395 @@
+"""The compiled perform (kina_fx._speedups, kina_fx/_native/speedups.c) against
+its reference, handlers._perform_py.
+
+The effects suite itself runs against whichever ``perform`` the import selected
+(the compiled one when it was built); ``test_effects_suite_in_pure_python``
+runs it once more with KINA_FX_PURE_PYTHON=1.  The tests below call both
+implementations directly, on the edge cases of the search.
+"""
+import gc
+import os
+import subprocess
+import sys
+import threading
+import tracemalloc
+
+import pytest
+
+from kina_fx import Continuation, Effect, Handler, Unhandled, fiber, fibers, handlers
+
+try:
+    from kina_fx import _speedups
+except ImportError:          # not built (no compiler at install time)
+    _speedups = None
+
+PURE = os.environ.get("KINA_FX_PURE_PYTHON") == "1"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+E = Effect("speedups.e")
+F = Effect("speedups.f")
+G = Effect("speedups.g")
+
+IMPLS = [pytest.param(handlers._perform_py, id="python"),
+         pytest.param(_speedups.perform if _speedups else None, id="compiled",
+                      marks=pytest.mark.skipif(_speedups is None, reason="kina_fx._speedups not built"))]
+
+
+@pytest.fixture(params=IMPLS)
+def perform(request):
+    return request.param
+
+
+def stack():
+    return fibers.current().stack
+
+
+# --- selection ----------------------------------------------------------------------
+
+@pytest.mark.skipif(_speedups is None or PURE, reason="compiled perform not in use")
+def test_compiled_perform_is_selected():
+    import kina_fx
+    assert handlers.perform is _speedups.perform
+    assert kina_fx.perform is _speedups.perform
+    assert handlers.perform.__name__ == "perform" and "Unhandled" in handlers.perform.__doc__
+
+
+def test_pure_python_switch():
+    code = "import kina_fx, kina_fx.handlers as h; print(h.perform is h._perform_py is kina_fx.perform)"
+    env = dict(os.environ, KINA_FX_PURE_PYTHON="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
+
+
+def test_effects_suite_in_pure_python():
+    # The other half of "the suite runs against both implementations".
+    env = dict(os.environ, KINA_FX_PURE_PYTHON="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow",
+         os.path.join(ROOT, "tests", "test_effects.py")],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+# --- the search ---------------------------------------------------------------------
+
+def test_fun_clause_in_place_with_any_number_of_arguments(perform):
+    with Handler(fun={E: lambda *a: ("e",) + a}):
+        assert perform(E) == ("e",)
+        assert perform(E, 1) == ("e", 1)
+        assert perform(E, *range(20)) == ("e",) + tuple(range(20))
+    assert stack() == []
+
+
+def test_innermost_handler_wins_and_others_are_forwarded(perform):
+    with Handler(fun={E: lambda: "outer", F: lambda: "outer f"}):
+        with Handler(fun={G: lambda: "g"}):
+            with Handler(fun={E: lambda: "inner"}):
+                assert perform(E) == "inner"
+                assert perform(F) == "outer f"
+                assert perform(G) == "g"
+
+
+def test_clause_runs_outside_its_handler(perform):
+    # Re-performing the same effect in a clause reaches the next handler out
+    # (the skip marker), and the marker is gone afterwards.
+    seen = []
+
+    def inner(x):
+        seen.append(len(stack()))
+        assert stack()[-1].__class__ is handlers._Skip
+        return perform(E, x + 1) * 10
+
+    with Handler(fun={E: lambda x: x + 100}):
+        with Handler(fun={E: inner}):
+            n = len(stack())
+            assert perform(E, 1) == 1020
+            assert len(stack()) == n
+    assert seen == [3]
+
+
+def test_skip_markers_chain_through_nested_clauses(perform):
+    # Clause of the innermost handler performs F, whose clause (outer) performs
+    # E: the search must skip both handlers whose clauses are running.
+    with Handler(fun={E: lambda: "outermost"}):
+        with Handler(fun={F: lambda: perform(E)}):
+            with Handler(fun={E: lambda: perform(F)}):
+                assert perform(E) == "outermost"
+
+
+def test_marker_of_a_control_handler_fun_clause_skips_to_the_parent(perform):
+    # A fun clause of a fiber's control handler (index -1): performing from
+    # it continues at the parent fiber, past that handler.
+    def body():
+        return perform(F)
+    h = Handler(on={G: lambda k: k.resume(None)}, fun={F: lambda: ("inner", perform(F))})
+    with Handler(fun={F: lambda: "outer"}):
+        assert h.run(body) == ("inner", "outer")
+
+
+def test_on_clause_through_the_compiled_search(perform):
+    def body():
+        return perform(E, 2) + perform(E, 3)
+    assert Handler(on={E: lambda k, x: k.resume(x * 10)}).run(body) == 50
+    # shallow
+    k = fiber(lambda v: perform(E, v))
+    got = k.resume_with(5, Handler(on={E: lambda k2, x: ("suspended", x, k2)}))
+    assert got[:2] == ("suspended", 5)
+    assert got[2].resume_with(7, Handler(ret=lambda r: ("ret", r))) == ("ret", 7)
+
+
+def test_exceptions_from_clauses_propagate_and_pop_the_marker(perform):
+    def boom(x):
+        raise KeyError(x)
+    with Handler(fun={E: boom}):
+        n = len(stack())
+        for _ in range(3):
+            with pytest.raises(KeyError) as info:
+                perform(E, "x")
+            assert info.value.args == ("x",)
+            assert len(stack()) == n
+    with Handler(fun={E: lambda: sys.exit(3)}):
+        with pytest.raises(SystemExit):
+            perform(E)
+        assert len(stack()) == 1
+
+
+def test_pop_failure_in_finally_chains_the_clause_exception(perform):
+    # The clause empties the stack and raises: the pop of the finally block
+    # fails, with the clause's exception as __context__ (as in Python).
+    def clause():
+        stack().clear()
+        raise ValueError("from the clause")
+    h = Handler(fun={E: clause})
+    handlers.push_handler(h)
+    with pytest.raises(IndexError) as info:
+        perform(E)
+    assert isinstance(info.value.__context__, ValueError)
+    assert stack() == []
+
+
+def test_default_and_unhandled(perform):
+    eff = Effect("speedups.default")
+    eff.default = lambda *a: ("default", a)
+    try:
+        assert perform(eff, 1, 2) == ("default", (1, 2))
+        with Handler(fun={eff: lambda *a: "handled"}):
+            assert perform(eff) == "handled"
+    finally:
+        eff.default = None
+    with pytest.raises(Unhandled) as info:
+        perform(eff, 1, "two")
+    assert info.value.effect is eff and info.value.payload == (1, "two")
+    with pytest.raises(Unhandled) as info:
+        perform(eff)
+    assert info.value.payload == ()
+    # raised inside an except block: implicit chaining, as a Python raise
+    try:
+        raise KeyError("outer")
+    except KeyError:
+        with pytest.raises(Unhandled) as info:
+            perform(eff)
+    assert isinstance(info.value.__context__, KeyError)
+
+
+def test_unhandled_inside_a_clause_skips_the_clause_handler(perform):
+    with Handler(fun={E: lambda: perform(E)}):
+        with pytest.raises(Unhandled):
+            perform(E)
+        assert len(stack()) == 1
+
+
+def test_bad_calls(perform):
+    with pytest.raises(TypeError):
+        perform()
+    with pytest.raises(TypeError):
+        perform(E, x=1)
+    with pytest.raises(AttributeError):      # not an effect: no handler, no .default
+        perform(object())
+
+
+def test_handler_subclasses_and_unusual_clause_tables(perform):
+    class Clauses:                           # not a dict: only .get is used
+        def get(self, effect):
+            return (lambda: "via get") if effect is E else None
+
+    class Sub(Handler):
+        __slots__ = ("extra",)
+
+    class Prop(Handler):                     # shadows the slot: a normal lookup
+        __slots__ = ()
+
+        @property
+        def fun(self):
+            return {F: lambda: "via property"}
+
+    s = Sub(fun={G: lambda: "sub"})
+    with s:
+        assert perform(G) == "sub"
+        s.fun = Clauses()
+        assert perform(E) == "via get"
+        with pytest.raises(Unhandled):
+            perform(F)
+    p = Prop.__new__(Prop)
+    p.on, p.ret, p.exc = {}, None, None
+    fibers.current().stack.append(p)
+    try:
+        assert perform(F) == "via property"
+    finally:
+        fibers.current().stack.pop()
+
+
+def test_none_clause_is_no_clause(perform):
+    h = Handler(fun={E: lambda: "outer"})
+    inner = Handler(fun={E: lambda: "inner"})
+    inner.fun[E] = None
+    with h, inner:
+        assert perform(E) == "outer"
+
+
+def test_a_marker_kept_by_a_clause_keeps_its_fields(perform):
+    kept = []
+    with Handler(fun={E: lambda: kept.append(stack()[-1])}):
+        perform(E)
+        perform(E)
+    assert kept[0] is not kept[1]
+    for m in kept:
+        assert m.__class__ is handlers._Skip
+        assert m.fiber is fibers.current() and m.index == 0
+
+
+def test_effect_call_and_c_abi_entry_use_the_selected_perform():
+    with Handler(fun={E: lambda x: x * 2}):
+        assert E(21) == 42
+        assert handlers.suspend_to_host is not None
+
+
+# --- tail resumes through the compiled frame -------------------------------------------
+
+def _named_perform_clause():
+    def perform(k):       # a fun clause named like the builtin: the tail walk accepts
+        if isinstance(k, Continuation):     # the link through the (invisible) C frame
+            return k.resume("resumed")
+        return "handled by the clause's own handler"
+    return perform
+
+
+def test_tail_resume_from_a_fun_clause_keeps_the_marker(perform):
+    # The on clause of A hands k to F's fun clause, which resumes it in tail
+    # position.  The resumed body performs F: it must skip F's handler, whose
+    # clause is still running (Python: the resume nests inside the clause).
+    A = Effect("speedups.a")
+    fun_f = _named_perform_clause()
+
+    def body():
+        v = perform(A)
+        try:
+            return v, perform(F, None)
+        except Unhandled:
+            return v, "skipped"
+
+    def on_a(k):
+        return perform(F, k)
+
+    with Handler(fun={F: fun_f}):
+        assert Handler(on={A: on_a}).run(body) == ("resumed", "skipped")
+        assert len(stack()) == 1
+
+
+# --- threads ---------------------------------------------------------------------------
+
+def test_threads_each_see_their_own_handlers(perform):
+    errors = []
+    barrier = threading.Barrier(4)
+
+    def worker(tag):
+        try:
+            with Handler(fun={E: lambda: tag}):
+                barrier.wait()
+                for _ in range(2000):
+                    assert perform(E) == tag
+            with pytest.raises(Unhandled):
+                perform(E)
+        except BaseException as exc:         # pragma: no cover - reported below
+            errors.append(exc)
+
+    for rounds in range(3):                  # new threads: new thread states
+        threads = [threading.Thread(target=worker, args=(f"t{rounds}.{i}",)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+    with pytest.raises(Unhandled):
+        perform(E)
+
+
+# --- references --------------------------------------------------------------------------
+
+def test_no_reference_leaks(perform):
+    arg = object()
+    clause = lambda a: a                     # noqa: E731
+    h = Handler(fun={E: clause})
+    boom = Handler(fun={F: lambda a: 1 / 0})
+    dflt = Effect("speedups.leak.default")
+    dflt.default = lambda a: a
+    me = fibers.current()
+
+    def k_body():
+        for _ in range(200):
+            perform(G, arg)
+    ctl = Handler(on={G: lambda k, a: k.resume(a)})
+
+    def run():
+        with h:
+            for _ in range(2000):
+                perform(E, arg)
+        with boom:
+            for _ in range(200):
+                try:
+                    perform(F, arg)
+                except ZeroDivisionError:
+                    pass
+        for _ in range(200):
+            perform(dflt, arg)
+            try:
+                perform(Effect("speedups.leak.none"), arg)
+            except Unhandled:
+                pass
+        ctl.run(k_body)
+
+    objects = (arg, clause, h, boom, E, F, G, dflt, me, ctl)
+    run()
+    gc.collect()
+    before = [sys.getrefcount(o) for o in objects]
+    run()
+    gc.collect()
+    assert [sys.getrefcount(o) for o in objects] == before
+
+
+def test_memory_stays_flat_over_100k_performs(perform):
+    h = Handler(fun={E: lambda x: x})
+
+    def run(n):
+        with h:
+            for i in range(n):
+                perform(E, i)
+            for i in range(n // 10):
+                try:
+                    perform(F, i)
+                except Unhandled:
+                    pass
+
+    run(1000)
+    gc.collect()
+    n_objects = len(gc.get_objects())
+    tracemalloc.start()
+    try:
+        snap = tracemalloc.take_snapshot()
+        run(100_000)
+        gc.collect()
+        grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(snap, "filename")
+                    if s.size_diff > 0)
+    finally:
+        tracemalloc.stop()
+    assert grown < 64 * 1024, grown
+    assert len(gc.get_objects()) - n_objects < 100
