@@ -1631,11 +1631,6 @@ def test_manual_discontinue_blocked_exchanger_runs_finally():
     assert out.text == "open secret.txt\nclose secret.txt\nImproperSynchronization\n"
 
 
-@pytest.mark.xfail(reason="kina_fx bug: while a dropped continuation is unwound, a finally "
-                          "block that performs an effect handled by the dropped chain's own "
-                          "handler (here the scheduler's Yield) tries to suspend to a resumer "
-                          "that does not exist: AttributeError at the perform (reported as "
-                          "unraisable) and the thread's runtime is left broken", strict=True)
 def test_manual_leaky_scheduler_cleanup_that_performs():
     # The manual's first scheduler "can leak resources": a blocked exchanger is
     # never resumed.  In kina_fx the dropped continuation is unwound instead, so
@@ -1679,15 +1674,6 @@ def test_manual_leaky_scheduler_cleanup_that_performs():
     assert _in_own_thread(scenario) == (["cleanup: Yield unhandled while unwinding"], [], 5)
 
 
-@pytest.mark.xfail(reason="kina_fx bug: a dropped continuation kept in a reference cycle (as in "
-                          "any scheduler: run queue -> k -> fiber -> handler -> clause -> run "
-                          "queue) is unwound from Continuation.__del__ whenever the cycle "
-                          "collector runs, even inside the runtime's own switching code (e.g. "
-                          "switch_into/_take_worker allocating a worker greenlet); an unrelated "
-                          "Handler.run then fails with TypeError ('cannot unpack non-iterable "
-                          "NoneType object' in _run_job, or '_worker_loop() missing ... "
-                          "requester')",
-                   strict=True)
 def test_manual_leaky_scheduler_garbage_collected_at_any_allocation():
     # The manual's leaky scheduler leaves a blocked continuation in its data
     # structures; that garbage is cyclic, so the cycle collector frees it at an
