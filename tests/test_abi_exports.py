@@ -448,3 +448,24 @@ def test_concurrent_callers(abi, rng):
     for t in threads:
         t.join()
     assert errors == []
+
+
+# ---- the shape rule behind the matmul export, against NumPy ------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 3), min_size=0, max_size=4),
+       st.lists(st.integers(1, 3), min_size=0, max_size=4))
+def test_matmul_shape_rule_is_numpys(sa, sb):
+    try:
+        want = np.matmul(np.ones(sa, np.float32), np.ones(sb, np.float32)).shape
+    except ValueError:
+        want = None
+    try:
+        got = gpu_ops.matmul_shape(tuple(sa), tuple(sb))
+    except ValueError:  # ValidationError is a ValueError
+        got = None
+    assert got == want, (sa, sb)
