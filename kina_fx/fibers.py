@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextvars
 import sys
 import threading
+import weakref
 
 from greenlet import GreenletExit, getcurrent, greenlet
 
@@ -104,7 +105,8 @@ class Chain:
 class ThreadState:
     """Everything per OS thread: the running fiber, the mailbox, trampoline, pool."""
 
-    __slots__ = ("current", "mail", "outbox", "pool", "to_start", "trampoline")
+    __slots__ = ("current", "mail", "outbox", "pool", "to_start", "trampoline", "dropped",
+                 "__weakref__")
 
     def __init__(self):
         root = Fiber()
@@ -115,11 +117,18 @@ class ThreadState:
         self.pool = []               # idle worker greenlets
         self.to_start = None         # (worker, requester) for the trampoline
         self.trampoline = None
+        self.dropped = []            # chains dropped by other threads, to unwind here
+
+
+# Every live thread's state, so that a chain dropped on one thread can be
+# handed to the thread that owns it (see unwind()).
+_states = weakref.WeakValueDictionary()
 
 
 class _Local(threading.local):
     def __init__(self):
         self.state = ThreadState()
+        _states[threading.get_ident()] = self.state
 
 
 # ``local.state`` is this thread's ThreadState.  Hot paths read it once and then
@@ -167,6 +176,8 @@ def check_owner(fiber: Fiber) -> None:
 def switch_into(chain: Chain, send):
     """Resume ``chain`` from the running fiber; return the message sent back to us."""
     st = local.state
+    if st.dropped:
+        _unwind_dropped(st)
     me = st.current
     top = chain.top
     if top is None:
@@ -236,12 +247,18 @@ def unwind(chain: Chain) -> None:
     This may run at any allocation (the cycle collector frees dropped
     continuations), even halfway through a switch of this module, so it saves
     and restores every piece of thread state a switch uses.  A chain of
-    another thread cannot be entered from here; greenlet reclaims it when that
-    thread's greenlets are collected.
+    another thread cannot be entered from here: it is queued for its own
+    thread, which unwinds it at its next switch_into.  A thread that has
+    exited cannot run its chains' cleanup at all.
     """
     fiber, base = chain.top, chain.base
     chain.top = chain.base = None
-    if fiber is None or fiber.thread != threading.get_ident():
+    if fiber is None:
+        return
+    if fiber.thread != threading.get_ident():
+        owner = _states.get(fiber.thread)
+        if owner is not None:        # its thread unwinds it at its next switch
+            owner.dropped.append(Chain(fiber, base))
         return
     st = local.state
     saved = (st.current, st.mail, st.outbox, st.to_start)
@@ -261,6 +278,11 @@ def unwind(chain: Chain) -> None:
             fiber = outer
     finally:
         st.current, st.mail, st.outbox, st.to_start = saved
+
+
+def _unwind_dropped(st):
+    while st.dropped:
+        unwind(st.dropped.pop())
 
 
 def _begin_unwind_here(st):

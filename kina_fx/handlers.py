@@ -255,6 +255,8 @@ def _perform_py(effect, *args):
                     return _suspend_perform(effect, args, found)
         f = f.parent
         if f is None:
+            if not isinstance(effect, Effect):
+                raise TypeError(f"perform needs an Effect, not {effect!r}")
             if effect.default is not None:
                 return effect.default(*args)
             raise Unhandled(effect, args)

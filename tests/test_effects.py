@@ -528,3 +528,26 @@ def test_hundred_thousand_abandoned_fibers_keep_memory_flat():
     gc.collect()
     assert unwound[0] == 105_000
     assert _rss_mb() - before < 20
+
+
+def test_continuation_dropped_on_another_thread_is_unwound_by_its_own():
+    events = []
+    box = []
+
+    def body():
+        try:
+            perform(Yield, 0)
+        finally:
+            events.append(threading.get_ident())
+    assert Handler(on={Yield: lambda k, v: box.append(k)}).run(body) is None
+    t = threading.Thread(target=box.clear)      # the last reference dies there
+    t.start()
+    t.join()
+    assert events == []                          # not runnable on that thread
+    Handler(on={Get: lambda k: k.resume(0)}).run(lambda: perform(Get))   # next switch here
+    assert events == [threading.get_ident()]
+
+
+def test_perform_of_a_non_effect_is_a_type_error():
+    with pytest.raises(TypeError):
+        perform("not an effect")

@@ -394,8 +394,13 @@ static PyObject *
 unhandled(PyObject *effect, PyObject *const *args, Py_ssize_t n)
 {
     PyObject *dflt = PyObject_GetAttr(effect, s_default);
-    if (dflt == NULL)
+    if (dflt == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "perform needs an Effect, not %R", effect);
+        }
         return NULL;
+    }
     if (dflt != Py_None) {
         PyObject *r = PyObject_Vectorcall(dflt, args, n, NULL);
         Py_DECREF(dflt);
