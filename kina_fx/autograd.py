@@ -1405,22 +1405,28 @@ class Tape:
     def __enter__(self):
         if self._live:
             raise ValidationError(f"{self!r} is already recording")
-        nodes = self._nodes
-        if len(_tape_factories) != len(PRIMITIVES):
-            _tape_factories[:] = [(p.effect, prim_clause_factory(p))
-                                  for p in PRIMITIVES.values()]
-        fun = {eff: make(self, nodes) for eff, make in _tape_factories}
-        fun[_STOP_GRADIENT] = _stop_clause(self)
-        fun[BACKWARD_OBSERVED] = _yes
-        self._handler = Handler(fun=fun)
-        self._handler.__enter__()
+        # Handlers are pooled: building one (a clause per primitive) costs more
+        # than a small function's whole forward pass.  A pooled handler's
+        # clauses read the tape from its _Recorder, so a box of an earlier
+        # tape never passes for one of this tape (boxes name their Tape).
+        if _tape_handlers:
+            handler, rec = _tape_handlers.pop()
+        else:
+            handler, rec = _new_tape_handler()
+        rec.tape = self
+        handler.__enter__()
+        self._handler = (handler, rec)
         self._live = True
         return self
 
     def __exit__(self, *exc):
         self._live = False
-        self._handler.__exit__(*exc)
+        handler, rec = self._handler
         self._handler = None
+        handler.__exit__(*exc)
+        rec.tape = None
+        if len(_tape_handlers) < 64:
+            _tape_handlers.append((handler, rec))
         return False
 
     def watch(self, x, name=None):
@@ -1541,9 +1547,31 @@ def _own(tape, x):
     return -1, x
 
 
+class _Recorder:
+    """What a pooled tape handler's clauses read: the tape now using it."""
+
+    __slots__ = ("tape",)
+
+    def __init__(self, tape=None):
+        self.tape = tape
+
+
+_tape_handlers = []        # pooled (Handler, _Recorder) pairs of finished tapes
+
+
+def _new_tape_handler():
+    if len(_tape_factories) != len(PRIMITIVES):
+        _tape_factories[:] = [(p.effect, prim_clause_factory(p)) for p in PRIMITIVES.values()]
+    rec = _Recorder()
+    fun = {eff: make(rec) for eff, make in _tape_factories}
+    fun[_STOP_GRADIENT] = _stop_clause(rec)
+    fun[BACKWARD_OBSERVED] = _yes
+    return Handler(fun=fun), rec
+
+
 def prim_clause_factory(prim):
-    """``make(tape, nodes) -> clause``, built once per primitive, so that a new
-    tape (one per ``grad`` call) only creates its closures."""
+    """``make(rec) -> clause``, built once per primitive; a clause records on
+    ``rec.tape``."""
     factory = _factories.get(prim.name)
     if factory is None:
         if prim.nin == 1 and prim.name in _ELEMENTWISE:
@@ -1566,9 +1594,10 @@ _ELEMENTWISE = {"neg", "exp", "log", "tanh", "sigmoid", "relu"}   # one input, n
 
 
 def _elementwise_factory(eff, rule):
-    def make(tape, nodes):
+    def make(rec):
         def clause(x):
             if x.__class__ is Tensor:
+                tape = rec.tape
                 tr = x._trace
                 if tr is not tape and (tr is None or not tr._live):
                     x = _lift(x)       # a plain Tensor or a finished trace's box
@@ -1578,7 +1607,7 @@ def _elementwise_factory(eff, rule):
                     out = perform(eff, v)
                     i = tape._n
                     tape._n = i + 1
-                    nodes.append((rule, i, x._id, v, (), out))
+                    tape._nodes.append((rule, i, x._id, v, (), out))
                     b = _new(Tensor)
                     b._value = out
                     b._trace = tape
@@ -1590,9 +1619,10 @@ def _elementwise_factory(eff, rule):
 
 
 def _unary_factory(eff, rule):
-    def make(tape, nodes):
+    def make(rec):
         def clause(x, *params):
             if x.__class__ is Tensor:
+                tape = rec.tape
                 tr = x._trace
                 if tr is not tape and (tr is None or not tr._live):
                     x = _lift(x)
@@ -1602,7 +1632,7 @@ def _unary_factory(eff, rule):
                     out = perform(eff, v, *params)
                     i = tape._n
                     tape._n = i + 1
-                    nodes.append((rule, i, x._id, v, params, out))
+                    tape._nodes.append((rule, i, x._id, v, params, out))
                     b = _new(Tensor)
                     b._value = out
                     b._trace = tape
@@ -1614,8 +1644,9 @@ def _unary_factory(eff, rule):
 
 
 def _binary_factory(eff, rule, rule_a, rule_b):
-    def make(tape, nodes):
+    def make(rec):
         def clause(a, b):
+            tape = rec.tape
             ia = ib = -1
             if a.__class__ is Tensor:
                 if a._trace is tape:
@@ -1634,11 +1665,11 @@ def _binary_factory(eff, rule, rule_a, rule_b):
             if ib < 0:
                 if ia < 0:
                     return out
-                nodes.append((rule_a, i, ia, a, b, out))
+                tape._nodes.append((rule_a, i, ia, a, b, out))
             elif ia < 0:
-                nodes.append((rule_b, i, ib, a, b, out))
+                tape._nodes.append((rule_b, i, ib, a, b, out))
             else:
-                nodes.append((rule, i, (ia, ib), (a, b), (), out))
+                tape._nodes.append((rule, i, (ia, ib), (a, b), (), out))
             tape._n = i + 1
             r = _new(Tensor)
             r._value = out
@@ -1650,8 +1681,9 @@ def _binary_factory(eff, rule, rule_a, rule_b):
 
 
 def _general_factory(eff, rule, nin, diff):
-    def make(tape, nodes):
+    def make(rec):
         def clause(*args):
+            tape = rec.tape
             ids = []
             inner = list(args)
             for k in range(nin):
@@ -1662,14 +1694,15 @@ def _general_factory(eff, rule, nin, diff):
                 return out
             i = tape._n
             tape._n = i + 1
-            nodes.append((rule, i, tuple(ids), tuple(inner[:nin]), tuple(inner[nin:]), out))
+            tape._nodes.append((rule, i, tuple(ids), tuple(inner[:nin]), tuple(inner[nin:]), out))
             return _box(out, tape, i)
         return clause
     return make
 
 
-def _stop_clause(trace):
+def _stop_clause(rec):
     def clause(x):
+        trace = rec.tape
         if x.__class__ is Tensor:
             if x._trace is trace:
                 x = x._value
@@ -1701,7 +1734,7 @@ class _JVPTrace:
 
     def __enter__(self):
         fun = {p.effect: _jvp_clause(self, p) for p in PRIMITIVES.values()}
-        fun[_STOP_GRADIENT] = _stop_clause(self)
+        fun[_STOP_GRADIENT] = _stop_clause(_Recorder(self))
         fun[BACKWARD_OBSERVED] = _yes
         self._handler = Handler(fun=fun)
         self._handler.__enter__()

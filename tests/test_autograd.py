@@ -580,3 +580,19 @@ def test_tapes_are_freed_without_the_cycle_collector():
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+def test_a_box_of_a_finished_tape_is_a_constant_for_later_tapes():
+    # Tapes reuse pooled handlers: a leaked box must not pass for a box of the
+    # tape that now uses its old tape's handler.
+    leaked = []
+
+    def f(x):
+        leaked.append(x)
+        return x * x
+    ad.grad(f)(2.0)
+    assert ad.grad(lambda y: y * leaked[0] + leaked[0] * leaked[0])(3.0) == 2.0
+    with ad.Tape() as t:
+        y = t.watch(np.array(3.0))
+        z = y * leaked[0]
+    assert float(t.gradient(z, y)) == 2.0
