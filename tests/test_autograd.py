@@ -596,3 +596,24 @@ def test_a_box_of_a_finished_tape_is_a_constant_for_later_tapes():
         y = t.watch(np.array(3.0))
         z = y * leaked[0]
     assert float(t.gradient(z, y)) == 2.0
+
+
+@pytest.mark.parametrize("x", [-0.9, 0.4, 1.7])
+def test_every_pairing_of_transforms_gives_the_second_derivative(x):
+    f = lambda v: ad.exp(v) * ad.tanh(v)                      # noqa: E731
+    t, e = math.tanh(x), math.exp(x)
+    d1 = lambda v: e * (t + (1 - t * t))                      # noqa: E731
+    d2 = e * (t + 2 * (1 - t * t) - 2 * t * (1 - t * t))
+
+    def fwd(g):
+        return lambda v: ad.jvp(g, (v,), (1.0,))[1]
+
+    def rev(g):
+        return ad.grad(g)
+
+    def rev_vjp(g):
+        return lambda v: ad.vjp(g, v)[1](1.0)[0]
+    for outer in (fwd, rev, rev_vjp):
+        assert outer(f)(x) == pytest.approx(d1(x))
+        for inner in (fwd, rev, rev_vjp):
+            assert float(outer(inner(f))(x)) == pytest.approx(d2), (outer, inner)
