@@ -617,3 +617,24 @@ def test_every_pairing_of_transforms_gives_the_second_derivative(x):
         assert outer(f)(x) == pytest.approx(d1(x))
         for inner in (fwd, rev, rev_vjp):
             assert float(outer(inner(f))(x)) == pytest.approx(d2), (outer, inner)
+
+
+def test_grads_in_several_threads_at_once():
+    import threading
+    errors = []
+
+    def work(seed):
+        try:
+            rng = np.random.default_rng(seed)
+            x = rng.standard_normal(7)
+            for _ in range(200):
+                g = ad.grad(lambda v: ad.sum(ad.tanh(v) * v))(x)
+                np.testing.assert_allclose(g, (1 - np.tanh(x) ** 2) * x + np.tanh(x))
+        except Exception as exc:          # reported below, in the main thread
+            errors.append(exc)
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
