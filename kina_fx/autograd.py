@@ -298,10 +298,12 @@ def _axis_param(axis):
 # * ``kernel(*arrays, *params)`` computes on raw arrays with the inputs' array
 #   module (NumPy or CuPy); it is the effect's default.
 # * ``vjp(o, g, out, args, params, ids)`` returns one cotangent per array
-#   argument (None where not needed: ``ids[k] < 0``); unary primitives have
-#   ``vjp(o, g, out, x, params)`` returning the one cotangent.  ``o`` is the namespace
-#   of operations to use: the primitives themselves (recordable: higher order)
-#   or the raw kernels (first-order fast path); the rule is written once.
+#   argument (None where not needed: ``ids[k] < 0``).  Unary primitives have
+#   ``vjp(o, g, out, x, params)`` returning the one cotangent; binary ones may
+#   give a pair of one-sided rules ``(o, g, out, a, b) -> cotangent``.  ``o`` is
+#   the namespace of operations to use: the primitives themselves (recordable:
+#   higher order) or the raw kernels (first-order fast path); the rule is
+#   written once.
 # * ``jvp(o, out, args, tangents, params)`` returns the output tangent; a
 #   tangent of None is a symbolic zero.
 
