@@ -724,9 +724,11 @@ def _resume_nested(tail):
     return _drive(chain, send)
 
 
-# kina_fx._speedups.perform (kina_fx/_native/speedups.c, built by setup.py when
-# a compiler is available) is a transcription of _perform_py, several times
-# faster.  KINA_FX_PURE_PYTHON=1 keeps the Python version.
+# kina_fx._speedups (kina_fx/_native/speedups.c, built by setup.py when a
+# compiler is available) has transcriptions of _perform_py and
+# _returns_straight_to_driver, several times faster.  KINA_FX_PURE_PYTHON=1
+# keeps the Python versions (the references).
+_returns_straight_to_driver_py = _returns_straight_to_driver
 if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
     try:
         from . import _speedups
@@ -734,11 +736,14 @@ if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
         pass
     else:
         try:
-            _speedups._bind(local, fibers.Fiber, fibers.ThreadState, Handler, _Skip,
+            _speedups._bind(local, fibers.Fiber, fibers.ThreadState, Effect, Handler, _Skip,
                             _TailResume, Unhandled, _suspend_perform, _resume_nested)
+            _speedups._bind_tail(_DRIVE_CODE, _MAX_TAIL_FRAMES, _RESUME_NAMES,
+                                 _tail_calls_by_code, _tail_calls, _names_function)
         except (TypeError, AttributeError) as exc:   # a stale build: rebuild it
             import warnings
             warnings.warn(f"kina_fx._speedups does not fit this kina_fx ({exc}); "
                           "using the pure-Python perform", RuntimeWarning, stacklevel=2)
         else:
             perform = _speedups.perform
+            _returns_straight_to_driver = _speedups._returns_straight_to_driver

@@ -70,6 +70,21 @@ def test_effects_suite_in_pure_python():
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
+def test_tail_check_agrees_with_python_on_the_effects_suites():
+    # Every tail-resume check of the effects suites answered by both
+    # _returns_straight_to_driver versions (tests/speedups_crosscheck.py).
+    if handlers._returns_straight_to_driver is handlers._returns_straight_to_driver_py:
+        pytest.skip("compiled tail check not in use")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "tests"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "speedups_crosscheck", "-p", "no:cacheprovider",
+         "-m", "not slow", os.path.join(ROOT, "tests", "test_effects.py"),
+         os.path.join(ROOT, "tests", "test_ocaml_ports.py")],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " 0 mismatches" in proc.stdout and " 0 tail checks" not in proc.stdout, proc.stdout[-2000:]
+
+
 # --- the search ---------------------------------------------------------------------
 
 def test_fun_clause_in_place_with_any_number_of_arguments(perform):
@@ -203,8 +218,16 @@ def test_bad_calls(perform):
         perform()
     with pytest.raises(TypeError):
         perform(E, x=1)
-    with pytest.raises(AttributeError):      # not an effect: no handler, no .default
+    with pytest.raises(TypeError, match="needs an Effect"):
         perform(object())
+
+    class Fake:
+        default = staticmethod(lambda: "fake default")
+    with pytest.raises(TypeError, match="needs an Effect"):
+        perform(Fake())
+    with Handler(fun={E: lambda: "handled"}):   # only an unhandled perform checks
+        with pytest.raises(TypeError, match="needs an Effect"):
+            perform(Fake())
 
 
 def test_handler_subclasses_and_unusual_clause_tables(perform):
@@ -393,3 +416,32 @@ def test_memory_stays_flat_over_100k_performs(perform):
         tracemalloc.stop()
     assert grown < 64 * 1024, grown
     assert len(gc.get_objects()) - n_objects < 100
+
+
+@pytest.mark.skipif(_speedups is None, reason="kina_fx._speedups not built")
+def test_compiled_tail_check_matches_and_does_not_leak():
+    A = Effect("speedups.tail")
+    seen = []
+
+    def helper(k, x):
+        return k.resume(x)                   # a tail call: straight to the driver
+
+    def clause(k, x):
+        frame = sys._getframe(0)
+        check = _speedups._returns_straight_to_driver
+        seen.append((check(frame), handlers._returns_straight_to_driver_py(frame)))
+        check(frame)
+        objs = (frame, frame.f_code, frame.f_back, frame.f_back.f_code)
+        before = [sys.getrefcount(o) for o in objs]
+        for _ in range(10000):
+            check(frame)
+            check(None)
+        seen.append([sys.getrefcount(o) for o in objs] == before)
+        return helper(k, x)
+
+    def body():
+        return handlers.perform(A, 5) + 1
+    assert Handler(on={A: clause}).run(body) == 6
+    assert seen == [(False, False), True]
+    with pytest.raises(TypeError):
+        _speedups._returns_straight_to_driver(42)

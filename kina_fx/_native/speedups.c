@@ -5,8 +5,10 @@
  * ``perform`` is the effects runtime's hot path: every autograd primitive and
  * every tail-resumptive (``fun``) clause goes through it.  In pure Python the
  * search of the handler stack plus the skip-marker push/pop costs about 15
- * plain calls; here it costs about two.  Nothing else lives in C: switching
- * fibers, continuations, the driver loop and tail resumption stay in Python.
+ * plain calls; here it costs about two.  The one other function here is the
+ * tail-resume check (_returns_straight_to_driver, the largest single cost of
+ * an ``on`` perform+resume round trip).  Nothing else lives in C: switching
+ * fibers, continuations and the driver loop stay in Python.
  *
  * What it must mirror
  * -------------------
@@ -27,6 +29,11 @@
  * found = [base fiber, handler], a list the callee empties: like the Python
  * frame, this C frame keeps no reference to the fibers or the continuation
  * while the chain is suspended (see the comments in fibers.py).
+ *
+ * _returns_straight_to_driver mirrors handlers.py's function of that name
+ * (its Python definition is the reference, kept as
+ * handlers._returns_straight_to_driver_py); the per-code tables are still
+ * computed and cached by handlers._tail_calls, which it calls on a miss.
  *
  * One difference the C frame needs compensating for: the tail-resume check
  * (handlers._returns_straight_to_driver) walks Python frames only.  The Python
@@ -53,6 +60,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <frameobject.h>
 #include <structmember.h>
 
 /* ---- bound once by _bind() ------------------------------------------------ */
@@ -65,6 +73,7 @@ static PyTypeObject *g_tail_t;     /* handlers._TailResume                      
 static PyObject *g_handler_fun;    /* Handler.__dict__["fun"] (member descr)    */
 static PyObject *g_handler_on;     /* Handler.__dict__["on"]                    */
 static PyObject *g_unhandled;      /* errors.Unhandled                          */
+static PyObject *g_effect_t;       /* handlers.Effect                           */
 static PyObject *g_suspend;        /* handlers._suspend_perform                 */
 static PyObject *g_nested;         /* handlers._resume_nested                   */
 
@@ -393,14 +402,15 @@ args_tuple(PyObject *const *args, Py_ssize_t n)
 static PyObject *
 unhandled(PyObject *effect, PyObject *const *args, Py_ssize_t n)
 {
-    PyObject *dflt = PyObject_GetAttr(effect, s_default);
-    if (dflt == NULL) {
-        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
-            PyErr_Clear();
+    int is_effect = PyObject_IsInstance(effect, g_effect_t);
+    if (is_effect <= 0) {
+        if (is_effect == 0)
             PyErr_Format(PyExc_TypeError, "perform needs an Effect, not %R", effect);
-        }
         return NULL;
     }
+    PyObject *dflt = PyObject_GetAttr(effect, s_default);
+    if (dflt == NULL)
+        return NULL;
     if (dflt != Py_None) {
         PyObject *r = PyObject_Vectorcall(dflt, args, n, NULL);
         Py_DECREF(dflt);
@@ -630,17 +640,19 @@ check_type(PyObject *obj, const char *what)
 }
 
 PyDoc_STRVAR(bind_doc,
-"_bind(local, Fiber, ThreadState, Handler, Skip, TailResume, Unhandled, suspend, nested)\n--\n\n"
+"_bind(local, Fiber, ThreadState, Effect, Handler, Skip, TailResume, Unhandled, suspend, nested)\n--\n\n"
 "Called once by kina_fx.handlers: the objects perform() works with.");
 
 static PyObject *
 bind(PyObject *Py_UNUSED(module), PyObject *args)
 {
-    PyObject *local, *fiber_t, *tstate_t, *handler_t, *skip_t, *tail_t, *unhandled_t, *susp, *nested;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOO:_bind", &local, &fiber_t, &tstate_t, &handler_t,
-                          &skip_t, &tail_t, &unhandled_t, &susp, &nested))
+    PyObject *local, *fiber_t, *tstate_t, *effect_t, *handler_t, *skip_t, *tail_t, *unhandled_t,
+             *susp, *nested;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO:_bind", &local, &fiber_t, &tstate_t, &effect_t,
+                          &handler_t, &skip_t, &tail_t, &unhandled_t, &susp, &nested))
         return NULL;
     if (check_type(fiber_t, "Fiber") || check_type(tstate_t, "ThreadState") ||
+            check_type(effect_t, "Effect") ||
             check_type(handler_t, "Handler") || check_type(skip_t, "Skip") ||
             check_type(tail_t, "TailResume") || check_type(unhandled_t, "Unhandled"))
         return NULL;
@@ -682,6 +694,7 @@ bind(PyObject *Py_UNUSED(module), PyObject *args)
     Py_XSETREF(g_handler_fun, d_fun);
     Py_XSETREF(g_handler_on, d_on);
     Py_XSETREF(g_unhandled, Py_NewRef(unhandled_t));
+    Py_XSETREF(g_effect_t, Py_NewRef(effect_t));
     Py_XSETREF(g_suspend, Py_NewRef(susp));
     Py_XSETREF(g_nested, Py_NewRef(nested));
     off_stack = o_stack;
@@ -695,9 +708,171 @@ bind(PyObject *Py_UNUSED(module), PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ---- the tail-resume check ------------------------------------------------------ */
+
+/* handlers._returns_straight_to_driver, transcribed (it is the largest single
+ * cost of an ``on`` perform+resume round trip in Python: ~15%).  Bound by
+ * _bind_tail; the per-code tables stay in Python (handlers._tail_calls fills
+ * handlers._tail_calls_by_code, read here), and so does _names_function. */
+static PyObject *t_drive_code;     /* handlers._DRIVE_CODE                          */
+static Py_ssize_t t_max_frames;    /* handlers._MAX_TAIL_FRAMES                     */
+static PyObject *t_resume_names;   /* handlers._RESUME_NAMES (a frozenset)          */
+static PyObject *t_cache;          /* handlers._tail_calls_by_code (a dict)         */
+static PyObject *t_tail_calls;     /* handlers._tail_calls                          */
+static PyObject *t_names_function; /* handlers._names_function                      */
+
+/* ``_tail_calls(code)`` (new reference): the cached table when its entry is for
+ * this very code object, else the Python function (which fills the cache). */
+static PyObject *
+tail_calls(PyObject *code)
+{
+    PyObject *key = PyLong_FromVoidPtr(code);
+    if (key == NULL)
+        return NULL;
+    PyObject *entry = PyDict_GetItemWithError(t_cache, key);
+    Py_DECREF(key);
+    if (entry != NULL && PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 2 &&
+            PyTuple_GET_ITEM(entry, 0) == code)
+        return Py_NewRef(PyTuple_GET_ITEM(entry, 1));
+    if (entry == NULL && PyErr_Occurred())
+        return NULL;
+    return PyObject_CallOneArg(t_tail_calls, code);
+}
+
+static PyObject *
+frame_lasti(PyFrameObject *frame)
+{
+#if PY_VERSION_HEX >= 0x030B0000
+    return PyLong_FromLong(PyFrame_GetLasti(frame));
+#else
+    return PyObject_GetAttrString((PyObject *)frame, "f_lasti");
+#endif
+}
+
+/* 1 / 0 / -1 (error) */
+static int
+straight_to_driver(PyObject *frame_arg)
+{
+    PyObject *frame = Py_NewRef(frame_arg);
+    PyObject *callee_code = NULL;
+    int answer = 0;
+    for (Py_ssize_t n = 0; n < t_max_frames; n++) {
+        if (frame == Py_None)
+            break;
+        if (!PyFrame_Check(frame)) {
+            PyErr_Format(PyExc_TypeError, "expected a frame, not %R", frame);
+            answer = -1;
+            break;
+        }
+        PyObject *code = (PyObject *)PyFrame_GetCode((PyFrameObject *)frame);
+        if (code == t_drive_code) {
+            Py_DECREF(code);
+            answer = 1;
+            break;
+        }
+        PyObject *calls = tail_calls(code);
+        PyObject *lasti = calls == NULL ? NULL : frame_lasti((PyFrameObject *)frame);
+        PyObject *callee = NULL;
+        if (lasti != NULL) {
+            callee = PyDict_CheckExact(calls) ? Py_XNewRef(PyDict_GetItemWithError(calls, lasti))
+                                              : PyObject_CallMethod(calls, "get", "O", lasti);
+            if (callee == Py_None)
+                Py_CLEAR(callee);
+        }
+        Py_XDECREF(lasti);
+        Py_XDECREF(calls);
+        if (callee == NULL) {
+            Py_DECREF(code);
+            answer = PyErr_Occurred() ? -1 : 0;
+            break;
+        }
+        PyObject *name, *plain;
+        if (!PyTuple_CheckExact(callee) || PyTuple_GET_SIZE(callee) != 2) {
+            PyErr_SetString(PyExc_TypeError, "_tail_calls entries must be (name, plain) pairs");
+            Py_DECREF(callee);
+            Py_DECREF(code);
+            answer = -1;
+            break;
+        }
+        name = PyTuple_GET_ITEM(callee, 0);
+        plain = PyTuple_GET_ITEM(callee, 1);
+        int ok;
+        if (callee_code == NULL)
+            ok = PySequence_Contains(t_resume_names, name);
+        else {
+            ok = PyObject_RichCompareBool(name, ((PyCodeObject *)callee_code)->co_name, Py_EQ);
+            if (ok == 0) {
+                ok = PyObject_IsTrue(plain);
+                if (ok > 0) {
+                    PyObject *args[3] = {frame, name, callee_code};
+                    PyObject *r = PyObject_Vectorcall(t_names_function, args, 3, NULL);
+                    ok = r == NULL ? -1 : PyObject_IsTrue(r);
+                    Py_XDECREF(r);
+                }
+            }
+        }
+        Py_DECREF(callee);
+        if (ok <= 0) {
+            Py_DECREF(code);
+            answer = ok;
+            break;
+        }
+        Py_XSETREF(callee_code, code);
+        PyObject *back = (PyObject *)PyFrame_GetBack((PyFrameObject *)frame);
+        Py_SETREF(frame, back == NULL ? Py_NewRef(Py_None) : back);
+    }
+    Py_DECREF(frame);
+    Py_XDECREF(callee_code);
+    return answer;
+}
+
+PyDoc_STRVAR(straight_doc,
+"_returns_straight_to_driver($module, frame, /)\n--\n\n"
+"Compiled kina_fx.handlers._returns_straight_to_driver.");
+
+static PyObject *
+returns_straight_to_driver(PyObject *Py_UNUSED(module), PyObject *frame)
+{
+    if (t_cache == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "kina_fx._speedups: _bind_tail was not called");
+        return NULL;
+    }
+    int r = straight_to_driver(frame);
+    if (r < 0)
+        return NULL;
+    return Py_NewRef(r ? Py_True : Py_False);
+}
+
+PyDoc_STRVAR(bind_tail_doc,
+"_bind_tail(drive_code, max_frames, resume_names, cache, tail_calls, names_function)\n--\n\n"
+"Called once by kina_fx.handlers: what _returns_straight_to_driver works with.");
+
+static PyObject *
+bind_tail(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *drive_code, *resume_names, *cache, *tc, *nf;
+    Py_ssize_t max_frames;
+    if (!PyArg_ParseTuple(args, "O!nO!O!OO:_bind_tail", &PyCode_Type, &drive_code, &max_frames,
+                          &PyFrozenSet_Type, &resume_names, &PyDict_Type, &cache, &tc, &nf))
+        return NULL;
+    if (!PyCallable_Check(tc) || !PyCallable_Check(nf)) {
+        PyErr_SetString(PyExc_TypeError, "_bind_tail: tail_calls and names_function must be callable");
+        return NULL;
+    }
+    Py_XSETREF(t_drive_code, Py_NewRef(drive_code));
+    Py_XSETREF(t_resume_names, Py_NewRef(resume_names));
+    Py_XSETREF(t_cache, Py_NewRef(cache));
+    Py_XSETREF(t_tail_calls, Py_NewRef(tc));
+    Py_XSETREF(t_names_function, Py_NewRef(nf));
+    t_max_frames = max_frames;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"perform", (PyCFunction)(void (*)(void))perform, METH_FASTCALL, perform_doc},
     {"_bind", bind, METH_VARARGS, bind_doc},
+    {"_returns_straight_to_driver", returns_straight_to_driver, METH_O, straight_doc},
+    {"_bind_tail", bind_tail, METH_VARARGS, bind_tail_doc},
     {NULL, NULL, 0, NULL},
 };
 
