@@ -84,6 +84,8 @@ def _checked_rank(p, name) -> int:
     return rank
 
 
+_tuple_new = tuple.__new__
+_CHAR_P = ffi.typeof("char *")
 _WORDS = tuple(struct.Struct(f"={3 + 2 * r}q") for r in range(MAX_RANK + 1))
 
 
@@ -98,7 +100,9 @@ def _decode(rank: int, raw: bytes, name: str) -> Descriptor:
         allocated += _ADDR_LIMIT
     if aligned < 0:
         aligned += _ADDR_LIMIT
-    return Descriptor(rank, allocated, aligned, words[2], sizes, words[3 + rank:])
+    # tuple.__new__ skips the NamedTuple's Python-level __new__ (a cache miss
+    # decodes up to three descriptors per call).
+    return _tuple_new(Descriptor, (rank, allocated, aligned, words[2], sizes, words[3 + rank:]))
 
 
 def read_descriptor(ptr, name: str = "memref") -> Descriptor:
@@ -117,21 +121,22 @@ def read_descriptor(ptr, name: str = "memref") -> Descriptor:
 
 def _extent(d: Descriptor, itemsize: int, name: str):
     """(lowest byte address, span in bytes, byte offset of element 0) of the view."""
-    if 0 in d.sizes:
+    _rank, _allocated, aligned, offset, sizes, strides = d
+    if 0 in sizes:
         return None
-    if d.aligned == 0:
+    if aligned == 0:
         raise ValidationError(f"{name}: null data pointer for a non-empty memref")
-    low = high = d.offset
-    for size, stride in zip(d.sizes, d.strides):
+    low = high = offset
+    for size, stride in zip(sizes, strides):
         if stride < 0:
             low += (size - 1) * stride
         else:
             high += (size - 1) * stride
-    lo_addr = d.aligned + low * itemsize
-    hi_addr = d.aligned + (high + 1) * itemsize
+    lo_addr = aligned + low * itemsize
+    hi_addr = aligned + (high + 1) * itemsize
     if lo_addr < 0 or hi_addr > _ADDR_LIMIT or hi_addr - lo_addr > _INT64_MAX:
         raise ValidationError(f"{name}: offset/strides address memory outside the address space")
-    return lo_addr, hi_addr - lo_addr, (d.aligned + d.offset * itemsize) - lo_addr
+    return lo_addr, hi_addr - lo_addr, (aligned + offset * itemsize) - lo_addr
 
 
 def numpy_view(d: Descriptor, dtype, name: str = "memref") -> np.ndarray:
@@ -147,7 +152,7 @@ def numpy_view(d: Descriptor, dtype, name: str = "memref") -> np.ndarray:
     if ext is None:
         return np.empty(d.sizes, dtype)
     lo, span, start = ext
-    buf = ffi.buffer(ffi.cast("char *", lo), span)
+    buf = ffi.buffer(ffi.cast(_CHAR_P, lo), span)
     # A stride of a length-1 dimension never moves; MLIR leaves it arbitrary.
     strides = tuple([s * item if n != 1 else 0 for s, n in zip(d.strides, d.sizes)])
     return np.ndarray(d.sizes, dtype, buf, start, strides)
