@@ -19,6 +19,9 @@ module {
   // No emit_c_interface: it takes no memref, and the attribute would rename the callee.
   func.func private @runtime_gpu_free_all() -> i32
 
+  // A constant global: MLIR passes it with allocated = 0xdeadbeef.
+  memref.global "private" constant @weights : memref<2x2xf32> = dense<[[1.5, -2.0], [0.25, 4.0]]>
+
   llvm.func @printf(!llvm.ptr, ...) -> i32
   llvm.mlir.global internal constant @fmt_fail("mlir host: check %d failed (got %d)\0A\00") {addr_space = 0 : i32}
   llvm.mlir.global internal constant @fmt_done("mlir host: %d failures\0A\00") {addr_space = 0 : i32}
@@ -130,6 +133,8 @@ module {
     %c22i = arith.constant 22 : i32
     %c23i = arith.constant 23 : i32
     %c24i = arith.constant 24 : i32
+    %c25i = arith.constant 25 : i32
+    %c26i = arith.constant 26 : i32
     %f0 = arith.constant 0.0 : f32
     %fhalf = arith.constant 0.5 : f32
     %fq = arith.constant 0.25 : f32
@@ -298,6 +303,21 @@ module {
     %g2i = arith.extui %g2ok : i1 to i32
     %e22 = call @expect(%c22i, %g2i, %i1) : (i32, i32, i32) -> i32
 
+    // ---- a constant global as both operands: only aligned + offset may be used ----
+    %w = memref.get_global @weights : memref<2x2xf32>
+    %wref = memref.alloc() : memref<2x2xf32>
+    linalg.fill ins(%f0 : f32) outs(%wref : memref<2x2xf32>)
+    linalg.matmul ins(%w, %w : memref<2x2xf32>, memref<2x2xf32>) outs(%wref : memref<2x2xf32>)
+    %wout = memref.alloc() : memref<2x2xf32>
+    %uw = memref.cast %w : memref<2x2xf32> to memref<*xf32>
+    %uwout = memref.cast %wout : memref<2x2xf32> to memref<*xf32>
+    %rc25 = call @runtime_gpu_matmul_f32(%uwout, %uw, %uw) : (memref<*xf32>, memref<*xf32>, memref<*xf32>) -> i32
+    %e25 = call @expect(%c25i, %rc25, %i0) : (i32, i32, i32) -> i32
+    %woutd = memref.cast %wout : memref<2x2xf32> to memref<?x?xf32, strided<[?, ?], offset: ?>>
+    %wrefd = memref.cast %wref : memref<2x2xf32> to memref<?x?xf32, strided<[?, ?], offset: ?>>
+    %n26 = call @mismatches(%woutd, %wrefd) : (memref<?x?xf32, strided<[?, ?], offset: ?>>, memref<?x?xf32, strided<[?, ?], offset: ?>>) -> i32
+    %e26 = call @expect(%c26i, %n26, %i0) : (i32, i32, i32) -> i32
+
     // ---- free_all, twice ----
     %rc23 = call @runtime_gpu_free_all() : () -> i32
     %e23 = call @expect(%c23i, %rc23, %i0) : (i32, i32, i32) -> i32
@@ -327,10 +347,12 @@ module {
     %t21 = arith.addi %t20, %e22 : i32
     %t22 = arith.addi %t21, %e23 : i32
     %t23 = arith.addi %t22, %e24 : i32
+    %t24 = arith.addi %t23, %e25 : i32
+    %t25 = arith.addi %t24, %e26 : i32
     %fd = llvm.mlir.addressof @fmt_done : !llvm.ptr
-    %pr = llvm.call @printf(%fd, %t23) vararg(!llvm.func<i32 (ptr, ...)>) : (!llvm.ptr, i32) -> i32
+    %pr = llvm.call @printf(%fd, %t25) vararg(!llvm.func<i32 (ptr, ...)>) : (!llvm.ptr, i32) -> i32
     memref.dealloc %a : memref<2x3xf32>
     memref.dealloc %big : memref<6x9xf32>
-    return %t23 : i32
+    return %t25 : i32
   }
 }

@@ -31,7 +31,7 @@ PIPELINE = [
     "--finalize-memref-to-llvm", "--convert-math-to-llvm", "--convert-func-to-llvm",
     "--convert-arith-to-llvm", "--convert-cf-to-llvm", "--reconcile-unrealized-casts",
 ]
-CHECKS = 24  # number of @expect calls in host.mlir
+CHECKS = 26  # number of @expect calls in host.mlir
 
 
 def kina_fx_config(*flags: str) -> list[str]:
