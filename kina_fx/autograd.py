@@ -1735,18 +1735,29 @@ class _JVPTrace:
         return f"<JVPTrace {self.tag}{' live' if self._live else ''}>"
 
     def __enter__(self):
-        fun = {p.effect: _jvp_clause(self, p) for p in PRIMITIVES.values()}
-        fun[_STOP_GRADIENT] = _stop_clause(_Recorder(self))
-        fun[BACKWARD_OBSERVED] = _yes
-        self._handler = Handler(fun=fun)
-        self._handler.__enter__()
+        # Pooled handlers, as for tapes (see Tape.__enter__).
+        if _jvp_handlers:
+            handler, rec = _jvp_handlers.pop()
+        else:
+            rec = _Recorder()
+            fun = {p.effect: _jvp_clause(rec, p) for p in PRIMITIVES.values()}
+            fun[_STOP_GRADIENT] = _stop_clause(rec)
+            fun[BACKWARD_OBSERVED] = _yes
+            handler = Handler(fun=fun)
+        rec.tape = self
+        handler.__enter__()
+        self._handler = (handler, rec)
         self._live = True
         return self
 
     def __exit__(self, *exc):
         self._live = False
-        self._handler.__exit__(*exc)
+        handler, rec = self._handler
         self._handler = None
+        handler.__exit__(*exc)
+        rec.tape = None
+        if len(_jvp_handlers) < 64:
+            _jvp_handlers.append((handler, rec))
         return False
 
     def dual(self, primal, tangent):
@@ -1755,12 +1766,16 @@ class _JVPTrace:
         return t
 
 
-def _jvp_clause(trace, prim):
+_jvp_handlers = []         # pooled (Handler, _Recorder) pairs of finished jvp traces
+
+
+def _jvp_clause(rec, prim):
     eff = prim.effect
     rule = prim.jvp
     nin = prim.nin
 
     def clause(*args):
+        trace = rec.tape
         inner = list(args)
         tangents = [None] * nin
         mine = False

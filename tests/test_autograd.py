@@ -638,3 +638,14 @@ def test_grads_in_several_threads_at_once():
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_a_dual_of_a_finished_jvp_is_a_constant_for_later_jvps():
+    leaked = []
+
+    def f(x):
+        leaked.append(x)
+        return x * x
+    ad.jvp(f, (2.0,), (1.0,))
+    _, t = ad.jvp(lambda y: y * leaked[0] + leaked[0] * leaked[0], (3.0,), (1.0,))
+    assert float(t) == 2.0
