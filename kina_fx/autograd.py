@@ -1433,7 +1433,28 @@ class Tape:
 
     def watch(self, x, name=None):
         """A box of this tape for ``x`` (array, scalar or Tensor): the values
-        gradients can be taken with respect to."""
+        gradients can be taken with respect to.
+
+        A plain (untraced) Tensor is watched in place, as TensorFlow's
+        ``tape.watch(x)``: ``x`` itself becomes the box (and goes back to
+        acting as a plain Tensor when the tape finishes).  Arrays and scalars
+        get a new box, which is returned."""
+        if x.__class__ is Tensor and self._live and (x._trace is None or not x._trace._live):
+            v = _lift(x)
+            if v.__class__ is not Tensor:          # plain all the way down: adopt
+                _as_input(v)                       # (type checks)
+                i = self._n
+                self._n = i + 1
+                self._leaves[i] = (name, v)
+                x._value = v
+                x._trace = self
+                x._id = i
+                return x
+        return self._watch(x, name)
+
+    def _watch(self, x, name=None):
+        if x.__class__ is Tensor and x._trace is self:
+            x = x._value
         x = _as_input(x)
         i = self._n
         self._n = i + 1
@@ -1927,7 +1948,7 @@ def value_and_grad(f, argnums=0, has_aux=False):
         with tape:
             for n in nums:
                 leaves, rebuild = _flatten(args[n])
-                boxes = [tape.watch(leaf) for leaf in leaves]
+                boxes = [tape._watch(leaf) for leaf in leaves]
                 structs.append((leaves, rebuild, boxes))
                 args[n] = rebuild(boxes)
             res = f(*args, **kwargs)
@@ -1979,7 +2000,7 @@ def vjp(f, *primals):
     with tape:
         for p in primals:
             leaves, rebuild = _flatten(p)
-            boxes = [tape.watch(leaf) for leaf in leaves]
+            boxes = [tape._watch(leaf) for leaf in leaves]
             structs.append((leaves, rebuild, boxes))
             args.append(rebuild(boxes))
         res = f(*args)

@@ -649,3 +649,22 @@ def test_a_dual_of_a_finished_jvp_is_a_constant_for_later_jvps():
     ad.jvp(f, (2.0,), (1.0,))
     _, t = ad.jvp(lambda y: y * leaked[0] + leaked[0] * leaked[0], (3.0,), (1.0,))
     assert float(t) == 2.0
+
+
+def test_tape_watch_adopts_a_plain_tensor_in_place():
+    x = ad.Tensor(np.array([1.0, 2.0]))
+    with ad.Tape() as t:
+        t.watch(x)                       # TensorFlow style: no reassignment
+        y = ad.sum(x * x * x)
+    np.testing.assert_allclose(t.gradient(y, [x])[0], 3 * np.array([1.0, 2.0]) ** 2)
+    # afterwards x acts as a plain Tensor again, and another tape can watch it
+    z = x * 2.0
+    assert z._trace is None
+    with ad.Tape() as t2:
+        t2.watch(x)
+        w = ad.sum(ad.exp(x))
+    np.testing.assert_allclose(t2.gradient(w, x), np.exp([1.0, 2.0]))
+    # the same Tensor passed twice to grad gives two independent leaves
+    gx, gy = ad.grad(lambda a, b: ad.sum(a * b * b), argnums=(0, 1))(x, x)
+    np.testing.assert_allclose(gx.numpy(), [1.0, 4.0])
+    np.testing.assert_allclose(gy.numpy(), [2.0, 8.0])
