@@ -7,7 +7,7 @@ built on effects (:mod:`kina_fx.autograd`).
 from .errors import (Cancelled, ContinuationAlreadyResumed, GpuError, InternalError,
                      KinaError, KinaTypeError, ResourceError, Status, UnimplementedError,
                      Unhandled, ValidationError, WrongThread)
-from .handlers import Continuation, Effect, Handler, Stepper, fiber, perform
+from .handlers import FORWARD, Continuation, Effect, Handler, Stepper, fiber, perform
 
 __version__ = "0.1.0"
 
@@ -24,7 +24,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'kina_fx' has no attribute {name!r}")
 
 __all__ = [
-    "Effect", "perform", "Handler", "Continuation", "fiber", "Stepper",
+    "Effect", "perform", "Handler", "Continuation", "fiber", "Stepper", "FORWARD",
     "Unhandled", "ContinuationAlreadyResumed", "WrongThread", "Cancelled",
     "Status", "KinaError", "ValidationError", "ResourceError", "GpuError",
     "UnimplementedError", "InternalError", "KinaTypeError",

@@ -101,8 +101,9 @@ class WrongThread(ValidationError):
 
 def status_of(exc: BaseException) -> Status:
     """The status code a C export returns for ``exc``."""
-    if isinstance(exc, KinaError):
-        return exc.status
+    status = getattr(exc, "status", None)     # KinaError, and fibers.Unwind
+    if isinstance(status, Status):
+        return status
     if isinstance(exc, MemoryError):
         return Status.RESOURCE
     if isinstance(exc, NotImplementedError):

@@ -18,6 +18,7 @@ freed handles can never reach freed memory.
 from __future__ import annotations
 
 import threading
+import weakref
 
 from . import handlers
 from .errors import KinaTypeError, ValidationError, exception_for
@@ -38,18 +39,38 @@ FIBER_STATES = {Stepper.NEW: 0, Stepper.RUNNING: 1, Stepper.SUSPENDED: 2,
 FIBER_KIND, HANDLER_KIND = 1, 2
 
 
-class HandleTable:
-    """Generation-tagged handles for one kind of object."""
+class _SlotRef(weakref.ref):
+    """A weak reference that knows its slot in a HandleTable."""
 
-    def __init__(self, kind: int, what: str):
+    __slots__ = ("slot",)
+
+
+class HandleTable:
+    """Generation-tagged handles for one kind of object.
+
+    With ``weak=True`` the table holds weak references: a handle stays valid
+    while something else keeps the object alive (a C handler, while it is on a
+    handler stack) and turns stale when the object is collected (a handler left
+    pushed on a fiber that ended), so forgotten handles cannot leak.
+    """
+
+    def __init__(self, kind: int, what: str, weak: bool = False):
         self.kind = kind
         self.what = what
-        self._slots = []          # [generation, object or None]
+        self.weak = weak
+        self._slots = []          # [generation, object or weakref or None]
         self._free = []
+        self._collected = []      # slots whose weakly held object died
         self._lock = threading.Lock()
 
     def add(self, obj) -> int:
+        if self.weak:
+            obj = _SlotRef(obj, self._on_collect)
         with self._lock:
+            while self._collected:
+                index = self._collected.pop()
+                self._slots[index][1] = None
+                self._free.append(index)
             if self._free:
                 index = self._free.pop()
                 slot = self._slots[index]
@@ -61,7 +82,15 @@ class HandleTable:
                     raise ValidationError(f"too many live {self.what} handles")
                 slot = [1, obj]
                 self._slots.append(slot)
+            if self.weak:
+                obj.slot = index
             return (self.kind << 56) | (slot[0] << 32) | (index + 1)
+
+    def _on_collect(self, ref) -> None:
+        # Runs wherever the collector runs: only record it (list.append is
+        # atomic); add() reclaims the slot.
+        if self._slots[ref.slot][1] is ref:
+            self._collected.append(ref.slot)
 
     def _locate(self, handle: int):
         kind, generation, index = handle >> 56, (handle >> 32) & 0xFFFFFF, (handle & 0xFFFFFFFF) - 1
@@ -70,25 +99,30 @@ class HandleTable:
         if not 0 <= index < len(self._slots):
             raise ValidationError(f"{handle:#x} is not a live {self.what} handle")
         slot = self._slots[index]
-        if slot[0] != generation or slot[1] is None:
-            raise ValidationError(f"{self.what} handle {handle:#x} is stale (freed or reused)")
-        return index, slot
+        obj = slot[1]
+        if self.weak and obj is not None:
+            obj = obj()
+        if slot[0] != generation or obj is None:
+            raise ValidationError(f"{self.what} handle {handle:#x} is stale (freed, reused, "
+                                  "or its fiber ended)")
+        return index, slot, obj
 
     def get(self, handle: int):
-        return self._locate(handle)[1][1]
+        return self._locate(handle)[2]
 
     def remove(self, handle: int) -> None:
         with self._lock:
-            index, slot = self._locate(handle)
+            index, slot, _ = self._locate(handle)
             slot[1] = None
             self._free.append(index)
 
     def live(self) -> int:
-        return sum(1 for _, obj in self._slots if obj is not None)
+        return sum(1 for _, obj in self._slots
+                   if obj is not None and (not self.weak or obj() is not None))
 
 
 fiber_handles = HandleTable(FIBER_KIND, "fiber")
-handler_handles = HandleTable(HANDLER_KIND, "handler")
+handler_handles = HandleTable(HANDLER_KIND, "handler", weak=True)
 
 
 # ---- conversions ------------------------------------------------------------------
@@ -128,11 +162,11 @@ class CHandler(Handler):
     """A handler pushed by ``kina_push_handler``: each of its effects calls the
     C function ``fn(ctx, effect, args, nargs, &out)`` in place."""
 
-    __slots__ = ("thread",)
+    __slots__ = ("thread", "__weakref__")
 
     def __init__(self, fn, ctx, effects):
         super().__init__(fun={e: _c_clause(fn, ctx, e) for e in effects})
-        self.thread = threading.get_ident()
+        self.thread = handlers.thread_token()
 
 
 def _c_clause(fn, ctx, effect):
@@ -150,8 +184,8 @@ def _c_clause(fn, ctx, effect):
         rc = fn(ctx, effect_id, buf, n, out)
         if rc == HANDLED:
             return out[0]
-        if rc == FORWARD:        # the clause runs outside its handler: next one out
-            return handlers.perform(effect, *args)
+        if rc == FORWARD:        # decline: perform goes on with the next handler out
+            return handlers.FORWARD
         if rc == SUSPEND:
             return handlers.suspend_to_host(effect, *args)
         raise exception_for(rc, f"the C handler for {effect.name} failed with status {rc}")
@@ -189,7 +223,7 @@ def kina_py_push_handler(fn, ctx, effects, neffects, out_handler):
 
 def kina_py_pop_handler(handle):
     handler = handler_handles.get(handle)
-    if handler.thread != threading.get_ident():
+    if handler.thread != handlers.thread_token():
         raise ValidationError("this handler was pushed by another OS thread")
     handlers.pop_handler(handler)
     handler_handles.remove(handle)
@@ -213,7 +247,7 @@ def _run_entry(entry, arg):
 
 def _fiber(handle) -> Stepper:
     stepper = fiber_handles.get(handle)
-    if stepper.thread != threading.get_ident():
+    if stepper.thread != handlers.thread_token():
         raise ValidationError("this fiber belongs to another OS thread")
     return stepper
 
@@ -228,7 +262,11 @@ def _report(stepper, out_state) -> int:
 
 def kina_py_resume_fiber(handle, value, out_state):
     stepper = _fiber(handle)
-    stepper.step(int(value))
+    try:
+        stepper.step(int(value))
+    finally:
+        if out_state and stepper.state != Stepper.RUNNING:
+            out_state[0] = FIBER_STATES[stepper.state]
     return _report(stepper, out_state)
 
 

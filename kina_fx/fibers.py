@@ -29,16 +29,17 @@ How this module keeps its promises (docs/effects.md has the semantics):
 from __future__ import annotations
 
 import contextvars
+import itertools
 import sys
 import threading
 import weakref
 
 from greenlet import GreenletExit, getcurrent, greenlet
 
-from .errors import InternalError, WrongThread
+from .errors import InternalError, Status, WrongThread
 
 __all__ = ["Fiber", "Chain", "Unwind", "current", "new_fiber", "switch_into", "post",
-           "suspend", "unwind", "check_owner", "RETURNED", "RAISED"]
+           "suspend", "unwind", "check_owner", "thread_token", "RETURNED", "RAISED"]
 
 # Kinds of message a fiber sends to the fiber that resumed it when it stops.
 # The effects layer adds its own kind (an effect was performed); this module
@@ -53,7 +54,13 @@ POOL_LIMIT = 256
 
 
 class Unwind(GreenletExit):
-    """Thrown into the fibers of a dropped continuation to run their cleanup."""
+    """Thrown into the fibers of a dropped continuation to run their cleanup.
+
+    A ``BaseException`` (``except Exception`` does not stop it); reaching C
+    code through a kina_* call it becomes KINA_STATUS_CANCELLED: unwind and return.
+    """
+
+    status = Status.CANCELLED
 
 
 class Fiber:
@@ -66,7 +73,8 @@ class Fiber:
         shallow: True when ``handler`` was installed by ``resume_with``.
         parent: the fiber waiting for this one while it runs; None while the
             fiber is suspended (or for a thread's root fiber).
-        thread: ``threading.get_ident()`` of the owning OS thread.
+        thread: the owning thread's serial number (``thread_token()``; unlike
+            ``threading.get_ident()`` it is never reused by a later thread).
         job: ``(fn, args)`` until the fiber starts, then None.
         glet: the worker greenlet running the job (None before and after).
         unwinder: while the fiber is being unwound, the fiber to return to.
@@ -75,12 +83,12 @@ class Fiber:
     __slots__ = ("stack", "handler", "shallow", "parent", "thread", "job", "glet",
                  "unwinder", "__weakref__")
 
-    def __init__(self, job=None, handler=None, shallow=False):
+    def __init__(self, job=None, handler=None, shallow=False, thread=None):
         self.stack = []
         self.handler = handler
         self.shallow = shallow
         self.parent = None
-        self.thread = threading.get_ident()
+        self.thread = local.state.serial if thread is None else thread
         self.job = job
         self.glet = None
         self.unwinder = None
@@ -105,11 +113,12 @@ class Chain:
 class ThreadState:
     """Everything per OS thread: the running fiber, the mailbox, trampoline, pool."""
 
-    __slots__ = ("current", "mail", "outbox", "pool", "to_start", "trampoline", "dropped",
-                 "__weakref__")
+    __slots__ = ("serial", "current", "mail", "outbox", "pool", "to_start", "trampoline",
+                 "dropped", "__weakref__")
 
     def __init__(self):
-        root = Fiber()
+        self.serial = next(_serials)  # this thread's token (fibers record it)
+        root = Fiber(thread=self.serial)
         root.glet = getcurrent()
         self.current = root          # the fiber whose code is running now
         self.mail = None             # the message in flight between two fibers
@@ -120,15 +129,16 @@ class ThreadState:
         self.dropped = []            # chains dropped by other threads, to unwind here
 
 
-# Every live thread's state, so that a chain dropped on one thread can be
-# handed to the thread that owns it (see unwind()).
+# Every live thread's state by serial, so that a chain dropped on one thread
+# can be handed to the thread that owns it (see unwind()).
 _states = weakref.WeakValueDictionary()
+_serials = itertools.count(1)
 
 
 class _Local(threading.local):
     def __init__(self):
         self.state = ThreadState()
-        _states[threading.get_ident()] = self.state
+        _states[self.state.serial] = self.state
 
 
 # ``local.state`` is this thread's ThreadState.  Hot paths read it once and then
@@ -150,12 +160,18 @@ def new_fiber(fn, args=(), handler=None, shallow=False) -> Fiber:
     return Fiber((fn, args), handler, shallow)
 
 
+def thread_token() -> int:
+    """The running thread's serial number: what ``Fiber.thread`` records."""
+    return local.state.serial
+
+
 def check_owner(fiber: Fiber) -> None:
     """Raise WrongThread unless the running OS thread owns ``fiber``."""
-    if fiber.thread != threading.get_ident():
+    serial = local.state.serial
+    if fiber.thread != serial:
         raise WrongThread(
-            f"this fiber belongs to OS thread {fiber.thread}; "
-            f"it cannot be used from thread {threading.get_ident()}")
+            f"this fiber belongs to another OS thread (kina thread #{fiber.thread}; "
+            f"this is #{serial}), which alone can resume it")
 
 
 # --- switching --------------------------------------------------------------
@@ -255,7 +271,7 @@ def unwind(chain: Chain) -> None:
     chain.top = chain.base = None
     if fiber is None:
         return
-    if fiber.thread != threading.get_ident():
+    if fiber.thread != local.state.serial:
         owner = _states.get(fiber.thread)
         if owner is not None:        # its thread unwinds it at its next switch
             owner.dropped.append(Chain(fiber, base))
@@ -272,7 +288,7 @@ def unwind(chain: Chain) -> None:
                 fiber.unwinder = unwinder
                 st.current = fiber
                 glet = fiber.glet
-                glet.throw(Unwind)
+                glet.throw(Unwind("the fiber is unwound: its continuation was dropped"))
                 del glet
             fiber.job = None
             fiber = outer

@@ -35,10 +35,10 @@ import threading
 
 from . import fibers
 from .errors import Cancelled, ContinuationAlreadyResumed, Unhandled, ValidationError
-from .fibers import RAISED, RETURNED, Chain, local
+from .fibers import RAISED, RETURNED, Chain, local, thread_token
 
-__all__ = ["Effect", "perform", "Handler", "Continuation", "fiber", "Stepper",
-           "push_handler", "pop_handler", "suspend_to_host"]
+__all__ = ["Effect", "perform", "Handler", "Continuation", "fiber", "Stepper", "FORWARD",
+           "push_handler", "pop_handler", "suspend_to_host", "thread_token"]
 
 PERFORMED = "performed"
 
@@ -101,6 +101,23 @@ class Effect:
 
 
 # --- handlers ---------------------------------------------------------------
+
+
+class _Forward:
+    """The type of :data:`FORWARD`."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "FORWARD"
+
+    def __reduce__(self):
+        return "FORWARD"
+
+
+#: Returned by a ``fun`` clause to decline the effect: the search goes on with
+#: the handlers outside (OCaml's ``effc`` returning ``None``, decided per call).
+FORWARD = _Forward()
 
 
 def _check_clauses(clauses, what):
@@ -230,6 +247,8 @@ def _perform_py(effect, *args):
     i = len(f.stack) - 1
     entry = h = None
     while True:
+        # Search: entry i of fiber f's stack (i == -1: f's control handler),
+        # innermost first, then on to f's parent.
         if i >= 0:
             entry = f.stack[i]
             if entry.__class__ is _Skip:
@@ -239,8 +258,12 @@ def _perform_py(effect, *args):
                     continue
             else:
                 clause = entry.fun.get(effect)
-                if clause is not None:
-                    break
+                if clause is None:
+                    i -= 1
+                    continue
+                answer = _run_fun_clause(st, f, i, clause, args)
+                if answer is not FORWARD:
+                    return answer
                 i -= 1
                 continue
         else:
@@ -248,8 +271,10 @@ def _perform_py(effect, *args):
             if h is not None:
                 clause = h.fun.get(effect)
                 if clause is not None:
-                    break
-                if effect in h.on:
+                    answer = _run_fun_clause(st, f, -1, clause, args)
+                    if answer is not FORWARD:
+                        return answer
+                elif effect in h.on:
                     found = [f, h]
                     del f, h, st, entry
                     return _suspend_perform(effect, args, found)
@@ -261,13 +286,30 @@ def _perform_py(effect, *args):
                 return effect.default(*args)
             raise Unhandled(effect, args)
         i = len(f.stack) - 1
-    # Tail-resumptive clause: run it here, outside its own handler.
-    st.current.stack.append(_Skip(f, i))
-    f = entry = h = None
+
+
+def _run_fun_clause(st, f, i, clause, args):
+    # A tail-resumptive clause runs here, on the performer's stack, outside its
+    # own handler: the skip marker sends the clause's own performs below it.
+    marker = _Skip(f, i)
+    st.current.stack.append(marker)
+    del f
     try:
         return clause(*args)
     finally:
-        st.current.stack.pop()
+        _remove_marker(st.current.stack, marker)
+
+
+def _remove_marker(stack, marker):
+    # Normally the marker is on top again; a clause that pushed a handler and
+    # left it there (a C handler may) keeps that handler, above the marker.
+    if not stack or stack[-1] is marker:
+        stack.pop()                 # IndexError if the clause emptied the stack
+        return
+    for j in range(len(stack) - 2, -1, -1):
+        if stack[j] is marker:
+            del stack[j]
+            return
 
 
 perform = _perform_py
@@ -404,8 +446,15 @@ def _as_exception(exc):
 
 # Performed by a handler that wants the effect to suspend the fiber to whoever
 # drives it (a C handler returning KINA_SUSPEND): every Stepper catches it and
-# reports the original effect and arguments.
-_SUSPEND_TO_HOST = Effect("kina.suspend_to_host")
+# reports the original effect and arguments.  Private: not interned, id 0, so
+# no user (and no C host, through kina_effect_id) can perform it.
+_SUSPEND_TO_HOST = object.__new__(Effect)
+_SUSPEND_TO_HOST.name, _SUSPEND_TO_HOST.id, _SUSPEND_TO_HOST.default = "kina.suspend_to_host", 0, None
+
+# Steppers whose fiber kept performing after 100 cancellations: their C frames
+# never return, so they can be neither resumed nor unwound.  Kept here, never
+# collected (collecting them would unwind them, which such code never ends).
+_abandoned = []
 
 
 def suspend_to_host(effect, *args):
@@ -475,7 +524,8 @@ class Stepper:
 
     def cancel(self) -> str:
         """Cancel: ``Cancelled`` at the pending perform (again at each later
-        perform, up to 100 times), then drop whatever is left."""
+        perform, up to 100 times); a fiber still performing after that is
+        abandoned (never resumed, never unwound, its memory kept)."""
         if self.state == self.NEW:
             self._chain = None
             self.state = self.CANCELLED
@@ -484,7 +534,8 @@ class Stepper:
             if self.state != self.SUSPENDED:
                 break
             self._step((True, Cancelled("the fiber was cancelled")), cancelling=True)
-        if self.state == self.SUSPENDED:       # it keeps performing: unwind it
+        if self.state == self.SUSPENDED:       # it ignores cancellation: abandon it
+            _abandoned.append(self._chain)
             self._chain = None
         if self.state != self.FAILED or isinstance(self.error, Cancelled):
             self.state = self.CANCELLED
@@ -501,8 +552,8 @@ class Stepper:
         self.effect, self.args = None, ()
         try:
             kind, _, payload = fibers.switch_into(chain, send)
-        except BaseException:
-            self.state = self.FAILED
+        except BaseException as exc:
+            self.state, self.error = self.FAILED, exc
             raise
         if kind is PERFORMED:
             effect, args, self._chain = payload
@@ -740,6 +791,7 @@ if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
                             _TailResume, Unhandled, _suspend_perform, _resume_nested)
             _speedups._bind_tail(_DRIVE_CODE, _MAX_TAIL_FRAMES, _RESUME_NAMES,
                                  _tail_calls_by_code, _tail_calls, _names_function)
+            _speedups._bind_forward(FORWARD)
         except (TypeError, AttributeError) as exc:   # a stale build: rebuild it
             import warnings
             warnings.warn(f"kina_fx._speedups does not fit this kina_fx ({exc}); "

@@ -551,3 +551,23 @@ def test_continuation_dropped_on_another_thread_is_unwound_by_its_own():
 def test_perform_of_a_non_effect_is_a_type_error():
     with pytest.raises(TypeError):
         perform("not an effect")
+
+
+def test_fun_clause_returning_forward_declines_without_recursion():
+    from kina_fx import FORWARD
+    seen = []
+    with Handler(fun={Ask: lambda: "outer"}):
+        with Handler(fun={Ask: lambda: seen.append("middle") or FORWARD}):
+            assert perform(Ask) == "outer"
+        handlers_ = [Handler(fun={Ask: lambda: FORWARD}) for _ in range(5000)]
+        for h in handlers_:
+            h.__enter__()
+        try:
+            assert perform(Ask) == "outer"        # 5,000 declines, no RecursionError
+        finally:
+            for h in reversed(handlers_):
+                h.__exit__(None, None, None)
+    assert seen == ["middle"]
+    with Handler(fun={Ask: lambda: FORWARD}):
+        with pytest.raises(Unhandled):
+            perform(Ask)

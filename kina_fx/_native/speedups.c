@@ -76,6 +76,7 @@ static PyObject *g_unhandled;      /* errors.Unhandled                          
 static PyObject *g_effect_t;       /* handlers.Effect                           */
 static PyObject *g_suspend;        /* handlers._suspend_perform                 */
 static PyObject *g_nested;         /* handlers._resume_nested                   */
+static PyObject *g_forward;        /* handlers.FORWARD (set by _bind_forward)    */
 
 static Py_ssize_t off_stack, off_handler, off_parent;   /* Fiber slots        */
 static Py_ssize_t off_current;                          /* ThreadState.current */
@@ -307,15 +308,29 @@ push_marker(PyObject *st, PyObject *skip)
     return r;
 }
 
-/* ``st.current.stack.pop()``; the popped entry (new reference) or NULL. */
+/* Remove ``marker`` from ``st.current.stack`` (handlers._remove_marker): it is
+ * normally on top; a clause may have left a handler pushed above it.  Returns
+ * the removed entry (new reference), None if it is gone, or NULL on error. */
 static PyObject *
-pop_marker(PyObject *st)
+pop_marker(PyObject *st, PyObject *marker)
 {
     PyObject *stack = current_stack(st);
     if (stack == NULL)
         return NULL;
     PyObject *item;
-    if (PyList_CheckExact(stack)) {
+    if (PyList_CheckExact(stack) && PyList_GET_SIZE(stack) > 0
+        && PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1) != marker) {
+        item = Py_NewRef(Py_None);
+        for (Py_ssize_t j = PyList_GET_SIZE(stack) - 2; j >= 0; j--) {
+            if (PyList_GET_ITEM(stack, j) == marker) {
+                Py_SETREF(item, Py_NewRef(marker));
+                if (PyList_SetSlice(stack, j, j + 1, NULL) < 0)
+                    Py_CLEAR(item);
+                break;
+            }
+        }
+    }
+    else if (PyList_CheckExact(stack)) {
         Py_ssize_t n = PyList_GET_SIZE(stack);
         if (n == 0) {
             PyErr_SetString(PyExc_IndexError, "pop from empty list");
@@ -489,6 +504,7 @@ perform(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     if (f == NULL || top_index(f, &i) < 0)
         goto error;
 
+search:
     for (;;) {
         if (i >= 0) {
             PyObject *entry = stack_item(f, i);
@@ -557,13 +573,13 @@ perform(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
             goto error;
     }
 
-    /* A tail-resumptive clause: run it here, outside its own handler. */
+    /* A tail-resumptive clause: run it here, outside its own handler.  ``f``
+     * and ``i`` stay: a clause returning FORWARD resumes the search below. */
     PyObject *skip = new_skip(f, i);
-    Py_CLEAR(f);
     if (skip == NULL)
         goto error;
     int pushed = push_marker(st, skip);
-    Py_DECREF(skip);
+    Py_DECREF(skip);     /* the stack keeps it alive; ``skip`` stays a valid identity */
     if (pushed < 0)
         goto error;
     PyObject *result = PyObject_Vectorcall(clause, cargs, n, NULL);
@@ -574,9 +590,10 @@ perform(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     }
     /* finally: st.current.stack.pop() */
     PyObject *pending = result == NULL ? exc_save() : NULL;
-    PyObject *popped = pop_marker(st);
-    Py_DECREF(st);
+    PyObject *popped = pop_marker(st, skip);
     if (popped == NULL) {
+        Py_DECREF(st);
+        Py_DECREF(f);
         Py_XDECREF(result);
         if (pending != NULL) {
             PyObject *exc = exc_save();
@@ -590,8 +607,32 @@ perform(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     release_entry(popped);
-    if (pending != NULL)
+    if (pending != NULL) {
+        Py_DECREF(f);
+        Py_DECREF(st);
         exc_restore(pending);
+        return result;
+    }
+    if (result == g_forward && g_forward != NULL) {
+        /* The clause declined: go on with the handlers below its own. */
+        Py_DECREF(result);
+        i -= 1;
+        if (i < -1) {
+            Py_SETREF(f, get_slot(f, g_fiber_t, off_parent, s_parent));
+            if (f == NULL)
+                goto error;
+            if (f == Py_None) {
+                Py_DECREF(f);
+                Py_DECREF(st);
+                return unhandled(effect, cargs, n);
+            }
+            if (top_index(f, &i) < 0)
+                goto error;
+        }
+        goto search;
+    }
+    Py_DECREF(f);
+    Py_DECREF(st);
     return result;
 
 error:
@@ -637,6 +678,17 @@ check_type(PyObject *obj, const char *what)
         return -1;
     }
     return 0;
+}
+
+PyDoc_STRVAR(bind_forward_doc,
+"_bind_forward(FORWARD)\n--\n\n"
+"The sentinel a fun clause returns to decline an effect (handlers.FORWARD).");
+
+static PyObject *
+bind_forward(PyObject *Py_UNUSED(module), PyObject *forward)
+{
+    Py_XSETREF(g_forward, Py_NewRef(forward));
+    Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(bind_doc,
@@ -873,6 +925,7 @@ static PyMethodDef methods[] = {
     {"_bind", bind, METH_VARARGS, bind_doc},
     {"_returns_straight_to_driver", returns_straight_to_driver, METH_O, straight_doc},
     {"_bind_tail", bind_tail, METH_VARARGS, bind_tail_doc},
+    {"_bind_forward", bind_forward, METH_O, bind_forward_doc},
     {NULL, NULL, 0, NULL},
 };
 
