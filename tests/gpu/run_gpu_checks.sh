@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every CuPy-path test and the GPU benchmarks, on a machine with an NVIDIA GPU.
-# Budget: under 8 minutes.  No network is assumed: it uses the machine's python3
+# Budget: under 8 minutes (timeouts: tests 200 s, memref bench 150 s, autograd bench 90 s).  No network is assumed: it uses the machine's python3
 # with its preinstalled packages (CuPy, e.g. cupy-cuda13x; numpy; cffi; pytest)
 # through a --system-site-packages venv and installs kina_fx editable without
 # dependencies or build isolation.
@@ -40,14 +40,18 @@ done
 
 echo "== tests (CPU and CUDA backends)" | tee -a "$OUTDIR/gpu_tests.txt"
 export KINA_FX_DEVICE=auto
-timeout 300 "$RUN" -m pytest -q -p no:cacheprovider \
+timeout 200 "$RUN" -m pytest -q -p no:cacheprovider \
   tests/gpu/test_cupy_path.py tests/test_abi_exports.py tests/test_memref.py tests/test_abi_fake_cuda.py \
+  "tests/test_autograd.py" -k "not slow" \
   2>&1 | tail -25 | tee -a "$OUTDIR/gpu_tests.txt"
 status=${PIPESTATUS[0]}
 
 echo "== benchmarks" | tee -a "$OUTDIR/gpu_tests.txt"
-timeout 240 "$RUN" benches/bench_memref.py --gpu-only --json "$OUTDIR/gpu_bench.json" \
+timeout 150 "$RUN" benches/bench_memref.py --gpu-only --json "$OUTDIR/gpu_bench.json" \
   2>&1 | tee "$OUTDIR/gpu_bench.md" | tee -a "$OUTDIR/gpu_tests.txt"
 bench=${PIPESTATUS[0]}
+# autograd MLP step, CuPy vs PyTorch CUDA where torch is there (prints its own table)
+timeout 90 "$RUN" benches/bench_autograd.py --rounds 30 \
+  2>&1 | tee -a "$OUTDIR/gpu_bench.md" | tee -a "$OUTDIR/gpu_tests.txt"
 echo "tests exit $status, bench exit $bench" | tee -a "$OUTDIR/gpu_tests.txt"
 [ "$status" = 0 ] && [ "$bench" = 0 ]
