@@ -182,6 +182,54 @@ def test_pop_failure_in_finally_chains_the_clause_exception(perform):
     assert stack() == []
 
 
+def test_forward_declines_to_the_next_handler_out(perform):
+    from kina_fx import FORWARD
+    seen = []
+
+    def ctl_body():
+        return perform(E, 1)
+    # declined by in-place entries, then by a control handler's fun clause
+    ctl = Handler(on={G: lambda k: k.resume(None)},
+                  fun={E: lambda x: seen.append(("ctl", x)) or FORWARD})
+    with Handler(fun={E: lambda x: ("outer", x)}):
+        with Handler(fun={E: lambda x: seen.append(("middle", x)) or FORWARD}):
+            assert ctl.run(lambda: (perform(E, 1), len(stack()))) == (("outer", 1), 0)
+            assert perform(E, 2) == ("outer", 2)
+        assert len(stack()) == 1
+    assert seen == [("ctl", 1), ("middle", 1), ("middle", 2)]
+    with Handler(fun={E: lambda x: FORWARD}):
+        with pytest.raises(Unhandled):
+            perform(E, 3)
+        assert len(stack()) == 1
+        eff = Effect("speedups.forward.default")
+        eff.default = lambda: "default"
+        try:
+            with Handler(fun={eff: lambda: FORWARD}):
+                assert perform(eff) == "default"
+        finally:
+            eff.default = None
+
+
+def test_marker_below_a_handler_left_by_the_clause_is_removed_by_identity(perform):
+    left = Handler(fun={F: lambda: "left"})
+
+    def clause():
+        handlers.push_handler(left)          # and never popped (a C handler may)
+        return "done"
+    with Handler(fun={E: clause}):
+        assert perform(E) == "done"
+        assert stack()[-1] is left and len(stack()) == 2
+        assert not any(m.__class__ is handlers._Skip for m in stack())
+        handlers.pop_handler(left)
+
+    def clause_removing_its_marker():
+        stack().pop()                        # takes its own marker off
+        return "gone"
+    with Handler(fun={E: clause_removing_its_marker}):
+        assert perform(E) == "gone"
+        assert len(stack()) == 1             # nothing else was removed
+
+
 def test_default_and_unhandled(perform):
     eff = Effect("speedups.default")
     eff.default = lambda *a: ("default", a)

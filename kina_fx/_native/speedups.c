@@ -578,10 +578,12 @@ search:
     PyObject *skip = new_skip(f, i);
     if (skip == NULL)
         goto error;
-    int pushed = push_marker(st, skip);
-    Py_DECREF(skip);     /* the stack keeps it alive; ``skip`` stays a valid identity */
-    if (pushed < 0)
+    /* We keep our reference to ``skip`` until it is removed: a clause may take
+     * it off the stack itself, and the identity must stay valid. */
+    if (push_marker(st, skip) < 0) {
+        Py_DECREF(skip);
         goto error;
+    }
     PyObject *result = PyObject_Vectorcall(clause, cargs, n, NULL);
     Py_CLEAR(clause);
     if (result != NULL && Py_TYPE(result) == g_tail_t) {
@@ -591,6 +593,9 @@ search:
     /* finally: st.current.stack.pop() */
     PyObject *pending = result == NULL ? exc_save() : NULL;
     PyObject *popped = pop_marker(st, skip);
+    if (popped != NULL)
+        Py_DECREF(popped);       /* ``skip`` (ours) or None: still alive */
+    release_entry(skip);         /* back to the cache unless someone kept it */
     if (popped == NULL) {
         Py_DECREF(st);
         Py_DECREF(f);
@@ -606,7 +611,6 @@ search:
         }
         return NULL;
     }
-    release_entry(popped);
     if (pending != NULL) {
         Py_DECREF(f);
         Py_DECREF(st);
