@@ -22,8 +22,10 @@
  *       any other entry: entry.fun.get(effect) is the clause when not None;
  *   then f.handler: h.fun.get(effect), or ``effect in h.on`` -> suspend;
  *   then f = f.parent (None: effect.default(*args) or raise Unhandled).
- *   A fun clause runs here with _Skip(f, i) pushed on st.current.stack,
- *   popped (list.pop()) whatever happens.
+ *   A fun clause runs here (handlers._run_fun_clause) with _Skip(f, i)
+ *   pushed on st.current.stack and removed by identity whatever happens
+ *   (handlers._remove_marker); a clause returning handlers.FORWARD declines:
+ *   the search goes on below its handler.
  *
  * The ``on`` branch calls handlers._suspend_perform(effect, args, found) with
  * found = [base fiber, handler], a list the callee empties: like the Python
