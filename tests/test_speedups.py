@@ -493,3 +493,18 @@ def test_compiled_tail_check_matches_and_does_not_leak():
     assert seen == [(False, False), True]
     with pytest.raises(TypeError):
         _speedups._returns_straight_to_driver(42)
+
+
+def test_a_stack_that_is_not_a_list(perform):
+    class Stack(list):                       # not an exact list: the generic paths
+        pass
+    me = fibers.current()
+    saved = me.stack
+    me.stack = Stack(saved)
+    try:
+        with Handler(fun={E: lambda: len(stack())}):
+            with Handler(fun={F: lambda: perform(E)}):
+                assert perform(F) == len(saved) + 4
+            assert type(stack()) is Stack and len(stack()) == len(saved) + 1
+    finally:
+        me.stack = saved

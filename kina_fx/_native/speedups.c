@@ -86,7 +86,7 @@ static Py_ssize_t off_skip_fiber, off_skip_index;       /* _Skip slots         *
 static Py_ssize_t off_fun, off_on;                      /* Handler slots       */
 
 static PyObject *s_state, *s_current, *s_stack, *s_handler, *s_parent, *s_fiber, *s_index;
-static PyObject *s_fun, *s_on, *s_get, *s_default, *s_pop, *s_append;
+static PyObject *s_fun, *s_on, *s_get, *s_default, *s_append;
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
@@ -350,8 +350,15 @@ pop_marker(PyObject *st, PyObject *marker)
                 Py_CLEAR(item);
         }
     }
-    else
-        item = PyObject_CallMethodNoArgs(stack, s_pop);
+    else {
+        /* Not a list (never, from kina_fx itself): the reference does it. */
+        PyObject *mod = PyImport_ImportModule("kina_fx.handlers");
+        PyObject *fn = mod == NULL ? NULL : PyObject_GetAttrString(mod, "_remove_marker");
+        Py_XDECREF(mod);
+        PyObject *call[2] = {stack, marker};
+        item = fn == NULL ? NULL : PyObject_Vectorcall(fn, call, 2, NULL);
+        Py_XDECREF(fn);
+    }
     Py_DECREF(stack);
     return item;
 }
@@ -959,7 +966,6 @@ PyInit__speedups(void)
     INTERN(s_on, "on");
     INTERN(s_get, "get");
     INTERN(s_default, "default");
-    INTERN(s_pop, "pop");
     INTERN(s_append, "append");
 #undef INTERN
     return PyModule_Create(&module_def);
