@@ -147,6 +147,9 @@ def _args_from_c(args, nargs) -> tuple:
     return tuple(args[0:nargs])
 
 
+_effects_by_id = Effect._by_id      # the interned effects, by id (index 0 unused)
+
+
 def _effect(effect_id: int) -> Effect:
     return Effect.lookup(int(effect_id))
 
@@ -171,19 +174,23 @@ class CHandler(Handler):
 
 def _c_clause(fn, ctx, effect):
     effect_id = effect.id
+    buffers = []     # idle (args, out) pairs: one allocation per nesting level, not per call
 
     def clause(*args):
         n = len(args)
         if n > MAX_ARGS:
             raise ValidationError(f"a C handler takes at most {MAX_ARGS} arguments, got {n}")
-        buf = _ffi.new("int64_t[]", n or 1)
-        for i, a in enumerate(args):
-            buf[i] = a if type(a) is int and INT64_MIN <= a <= INT64_MAX else \
-                to_int64(a, f"argument {i} of {effect.name}")
-        out = _ffi.new("int64_t *")
-        rc = fn(ctx, effect_id, buf, n, out)
+        buf, out = buffers.pop() if buffers else (_ffi.new("int64_t[]", MAX_ARGS), _ffi.new("int64_t *"))
+        try:
+            for i, a in enumerate(args):
+                buf[i] = a if type(a) is int and INT64_MIN <= a <= INT64_MAX else \
+                    to_int64(a, f"argument {i} of {effect.name}")
+            rc = fn(ctx, effect_id, buf, n, out)
+            answer = out[0]
+        finally:
+            buffers.append((buf, out))
         if rc == HANDLED:
-            return out[0]
+            return answer
         if rc == FORWARD:        # decline: perform goes on with the next handler out
             return handlers.FORWARD
         if rc == SUSPEND:
@@ -203,10 +210,13 @@ def kina_py_effect_id(name, out_id):
 
 
 def kina_py_perform(effect, args, nargs, out_value):
-    _require(out_value, "out_value")
-    eff = _effect(effect)
-    value = handlers.perform(eff, *_args_from_c(args, nargs))
-    out_value[0] = to_int64(value, f"the answer to {eff.name}")
+    if not out_value:
+        raise ValidationError("out_value is NULL")
+    eff = _effects_by_id[effect] if 0 < effect < len(_effects_by_id) else _effect(effect)
+    value = handlers.perform(eff, *(args[0:nargs] if 0 < nargs <= MAX_ARGS and args
+                                    else _args_from_c(args, nargs)))
+    out_value[0] = value if type(value) is int and INT64_MIN <= value <= INT64_MAX else \
+        to_int64(value, f"the answer to {eff.name}")
     return 0
 
 
