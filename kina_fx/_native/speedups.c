@@ -338,9 +338,12 @@ pop_marker(PyObject *st, PyObject *marker)
             PyErr_SetString(PyExc_IndexError, "pop from empty list");
             item = NULL;
         }
-        else if (n - 1 >= (((PyListObject *)stack)->allocated >> 1)) {
+        else if (n - 1 >= (((PyListObject *)stack)->allocated >> 2)
+                 || ((PyListObject *)stack)->allocated <= 64) {
             /* list.pop() without a reallocation: just drop the last item,
-             * whose reference passes to us. */
+             * whose reference passes to us.  (list.pop() shrinks below half
+             * the capacity; a marker is pushed again soon, so we shrink only
+             * a large list below a quarter, sparing a realloc per perform.) */
             item = PyList_GET_ITEM(stack, n - 1);
             Py_SET_SIZE(stack, n - 1);
         }
