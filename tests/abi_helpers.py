@@ -73,3 +73,16 @@ def strided(array, kind, rng=None):
 
 
 LAYOUTS = ["contiguous", "transposed", "step", "reversed", "offset"]
+
+
+def build_fixture_library(source, out, gcc="gcc"):
+    """Compile a C test fixture (``source``) into the shared library ``out``,
+    linked against the installed libkina_fx.so (rpath included)."""
+    import subprocess
+    from pathlib import Path
+
+    include, libdir = kffi.header_dir(), str(Path(kffi.library_path()).parent)
+    subprocess.run([gcc, "-O1", "-shared", "-fPIC", "-Wall", "-Werror", str(source),
+                    f"-I{include}", f"-L{libdir}", f"-Wl,-rpath,{libdir}", "-lkina_fx", "-o", str(out)],
+                   check=True, capture_output=True, text=True)
+    return out

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import gc
 import shutil
-import subprocess
 import threading
 from pathlib import Path
 
 import pytest
+from abi_helpers import build_fixture_library
 
 from kina_fx import Effect, Handler, KinaTypeError, ValidationError, perform
 from kina_fx import ffi as kffi
@@ -49,11 +49,7 @@ def clib(kina, tmp_path_factory):
     if GCC is None:
         pytest.skip("gcc is not installed")
     ffi, _ = kina
-    out = tmp_path_factory.mktemp("mixed") / "libmixed.so"
-    include, libdir = kffi.header_dir(), str(Path(kffi.library_path()).parent)
-    subprocess.run([GCC, "-O1", "-shared", "-fPIC", "-Wall", "-Werror", str(HERE / "mixed_lib.c"),
-                    f"-I{include}", f"-L{libdir}", f"-Wl,-rpath,{libdir}", "-lkina_fx", "-o", str(out)],
-                   check=True, capture_output=True, text=True)
+    out = build_fixture_library(HERE / "mixed_lib.c", tmp_path_factory.mktemp("mixed") / "libmixed.so", GCC)
     ffi.cdef(MIXED_CDEF)
     return ffi.dlopen(str(out))
 

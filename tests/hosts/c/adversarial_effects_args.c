@@ -15,31 +15,9 @@
 #include <string.h>
 
 #include "kina_fx.h"
+#include "kina_check.h"
 
-static int checks = 0, failures = 0;
 
-#define CHECK(cond)                                                                   \
-    do {                                                                              \
-        checks++;                                                                     \
-        if (!(cond)) {                                                                \
-            failures++;                                                               \
-            printf("FAIL %s:%d: %s (last error: %s)\n", __FILE__, __LINE__, #cond,     \
-                   kina_last_error());                                                \
-        }                                                                             \
-    } while (0)
-
-/* expr must return `status` and kina_last_error must contain `word` (case-insensitive). */
-static int err_has(const char *word)
-{
-    const char *e = kina_last_error();
-    if (e == NULL || word == NULL)
-        return e != NULL;
-    size_t n = strlen(word);
-    for (const char *p = e; *p; p++)
-        if (strncasecmp(p, word, n) == 0)
-            return 1;
-    return 0;
-}
 
 #define CHECK_ERR(expr, status, word)                                                 \
     do {                                                                              \

@@ -19,28 +19,9 @@
 #include <unistd.h>
 
 #include "kina_fx.h"
+#include "kina_check.h"
 
-static int checks = 0, failures = 0;
 
-#define CHECK(cond)                                                                   \
-    do {                                                                              \
-        checks++;                                                                     \
-        if (!(cond)) {                                                                \
-            failures++;                                                               \
-            printf("FAIL %s:%d: %s (last error: %s)\n", __FILE__, __LINE__, #cond,     \
-                   kina_last_error());                                                \
-        }                                                                             \
-    } while (0)
-
-static int err_has(const char *word)
-{
-    const char *e = kina_last_error();
-    size_t n = strlen(word);
-    for (const char *p = e; p && *p; p++)
-        if (strncasecmp(p, word, n) == 0)
-            return 1;
-    return 0;
-}
 
 #define V KINA_STATUS_VALIDATION
 

@@ -20,22 +20,8 @@
 #include <unistd.h>
 
 #include "kina_fx.h"
+#include "kina_check.h"
 
-static int checks = 0, failures = 0;
-static pthread_mutex_t check_lock = PTHREAD_MUTEX_INITIALIZER;
-
-#define CHECK(cond)                                                                   \
-    do {                                                                              \
-        int ok__ = (cond);                                                            \
-        pthread_mutex_lock(&check_lock);                                              \
-        checks++;                                                                     \
-        if (!ok__) {                                                                  \
-            failures++;                                                               \
-            printf("FAIL %s:%d: %s (last error: %s)\n", __FILE__, __LINE__, #cond,     \
-                   kina_last_error());                                                \
-        }                                                                             \
-        pthread_mutex_unlock(&check_lock);                                            \
-    } while (0)
 
 static int32_t YIELD, ASK, DEEP;
 

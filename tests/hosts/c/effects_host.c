@@ -18,18 +18,8 @@
 #include <string.h>
 
 #include "kina_fx.h"
+#include "kina_check.h"
 
-static int checks = 0, failures = 0;
-
-#define CHECK(cond)                                                                   \
-    do {                                                                              \
-        checks++;                                                                     \
-        if (!(cond)) {                                                                \
-            failures++;                                                               \
-            printf("FAIL %s:%d: %s (last error: %s)\n", __FILE__, __LINE__, #cond,     \
-                   kina_last_error());                                                \
-        }                                                                             \
-    } while (0)
 
 static int32_t YIELD, GET, PUT, ASK, NEVER;
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
+from abi_helpers import build_fixture_library
 
 from test_c_host import kina_fx_config, run_clean
 
@@ -130,11 +131,8 @@ def clib(kina, tmp_path_factory):
     if GCC is None:
         pytest.skip("gcc is not installed")
     ffi, _ = kina
-    out = tmp_path_factory.mktemp("adversarial") / "libadversarial.so"
-    include, libdir = kffi.header_dir(), str(Path(kffi.library_path()).parent)
-    subprocess.run([GCC, "-O1", "-shared", "-fPIC", "-Wall", "-Werror", str(HERE / "adversarial_effects_lib.c"),
-                    f"-I{include}", f"-L{libdir}", f"-Wl,-rpath,{libdir}", "-lkina_fx", "-o", str(out)],
-                   check=True, capture_output=True, text=True)
+    out = build_fixture_library(HERE / "adversarial_effects_lib.c",
+                                tmp_path_factory.mktemp("adversarial") / "libadversarial.so", GCC)
     ffi.cdef(FIXTURE_CDEF)
     return ffi.dlopen(str(out))
 
