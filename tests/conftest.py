@@ -26,3 +26,10 @@ def pytest_terminal_summary(terminalreporter):
             "CI=true and integration tests were skipped (this run FAILS):", red=True)
         for nodeid in _skipped_integration:
             terminalreporter.write_line("  " + nodeid, red=True)
+
+
+@pytest.fixture(scope="session")
+def kina():
+    """``(ffi, lib)`` of the built libkina_fx.so, loaded in this process."""
+    from kina_fx import ffi as kffi
+    return kffi.load_library()

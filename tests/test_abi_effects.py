@@ -40,11 +40,6 @@ Yield = Effect("abi.yield")
 
 
 @pytest.fixture(scope="module")
-def kina():
-    return kffi.load_library()
-
-
-@pytest.fixture(scope="module")
 def clib(kina, tmp_path_factory):
     if GCC is None:
         pytest.skip("gcc is not installed")

@@ -122,11 +122,6 @@ Get = Effect("adv.py.get")
 
 
 @pytest.fixture(scope="module")
-def kina():
-    return kffi.load_library()
-
-
-@pytest.fixture(scope="module")
 def clib(kina, tmp_path_factory):
     if GCC is None:
         pytest.skip("gcc is not installed")
