@@ -362,12 +362,15 @@ class Continuation(Chain):
     __slots__ = ("shallow",)
 
     def __init__(self, top, base, shallow=False):
-        super().__init__(top, base)
+        self.top = top
+        self.base = base
         self.shallow = shallow
 
     def resume(self, value=None):
         """OCaml ``continue k value``: returns what the handler returns."""
-        self._check(shallow=False)
+        top = self.top
+        if top is None or self.shallow or top.thread != local.state.serial:
+            self._check(shallow=False)            # raises the matching error
         return _resume_from(sys._getframe(1), self, (False, value))
 
     def discontinue(self, exc):
