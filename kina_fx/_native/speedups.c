@@ -8,7 +8,10 @@
  * plain calls; here it costs about two.  The one other function here is the
  * tail-resume check (_returns_straight_to_driver, the largest single cost of
  * an ``on`` perform+resume round trip).  Nothing else lives in C: switching
- * fibers, continuations and the driver loop stay in Python.
+ * fibers, continuations and the driver loop stay in Python.  libkina_fx.so's
+ * kina_perform uses the same search through kina_fast_perform (exported in
+ * the capsule _C_API) to call C handlers without entering Python (see
+ * "kina_perform from C" below).
  *
  * What it must mirror
  * -------------------
