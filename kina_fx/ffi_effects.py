@@ -168,24 +168,44 @@ class CHandler(Handler):
     __slots__ = ("thread", "__weakref__")
 
     def __init__(self, fn, ctx, effects):
-        super().__init__(fun={e: _c_clause(fn, ctx, e) for e in effects})
+        super().__init__(fun={e: CClause(fn, ctx, e) for e in effects})
         self.thread = handlers.thread_token()
 
 
-def _c_clause(fn, ctx, effect):
-    effect_id = effect.id
-    buffers = []     # idle (args, out) pairs: one allocation per nesting level, not per call
+class CClause:
+    """The ``fun`` clause of a :class:`CHandler` for one effect: calling it
+    calls the C handler ``fn(ctx, effect.id, args, nargs, &out)`` in place.
 
-    def clause(*args):
+    It is a class (not a closure) so that the compiled ``kina_perform`` fast
+    path (``kina_fast_perform`` in kina_fx/_native/speedups.c) can recognise
+    it and call the C function itself, without entering Python: it reads
+    ``fn_address``, ``ctx_address`` and ``effect_id``, and calls
+    :meth:`_outcome` for what it does not answer in C (``KINA_SUSPEND``,
+    error statuses), so both paths behave the same.
+    """
+
+    __slots__ = ("fn", "ctx", "effect", "effect_id", "fn_address", "ctx_address", "_buffers")
+
+    def __init__(self, fn, ctx, effect):
+        self.fn = fn
+        self.ctx = ctx
+        self.effect = effect
+        self.effect_id = effect.id
+        self.fn_address = int(_ffi.cast("uintptr_t", fn))
+        self.ctx_address = int(_ffi.cast("uintptr_t", ctx))
+        self._buffers = []   # idle (args, out) pairs: one allocation per nesting level, not per call
+
+    def __call__(self, *args):
         n = len(args)
         if n > MAX_ARGS:
             raise ValidationError(f"a C handler takes at most {MAX_ARGS} arguments, got {n}")
+        buffers = self._buffers
         buf, out = buffers.pop() if buffers else (_ffi.new("int64_t[]", MAX_ARGS), _ffi.new("int64_t *"))
         try:
             for i, a in enumerate(args):
                 buf[i] = a if type(a) is int and INT64_MIN <= a <= INT64_MAX else \
-                    to_int64(a, f"argument {i} of {effect.name}")
-            rc = fn(ctx, effect_id, buf, n, out)
+                    to_int64(a, f"argument {i} of {self.effect.name}")
+            rc = self.fn(self.ctx, self.effect_id, buf, n, out)
             answer = out[0]
         finally:
             buffers.append((buf, out))
@@ -193,10 +213,21 @@ def _c_clause(fn, ctx, effect):
             return answer
         if rc == FORWARD:        # decline: perform goes on with the next handler out
             return handlers.FORWARD
+        return self._outcome(rc, answer, args)
+
+    def _outcome(self, rc, answer, args):
+        """The clause's result for the C handler's return code ``rc``.  Called
+        inside the clause (the skip marker still pushed), also by the fast path."""
+        if rc == HANDLED:
+            return answer
+        if rc == FORWARD:
+            return handlers.FORWARD
         if rc == SUSPEND:
-            return handlers.suspend_to_host(effect, *args)
-        raise exception_for(rc, f"the C handler for {effect.name} failed with status {rc}")
-    return clause
+            return handlers.suspend_to_host(self.effect, *args)
+        raise exception_for(rc, f"the C handler for {self.effect.name} failed with status {rc}")
+
+    def __repr__(self):
+        return f"<CClause {self.effect.name} fn={self.fn_address:#x} ctx={self.ctx_address:#x}>"
 
 
 # ---- the callbacks (KINA_EFFECT_EXPORTS of kina_effects.c) --------------------------
@@ -342,8 +373,37 @@ def kina_py_fiber_destroy(handle):
 CALLBACKS = {name: fn for name, fn in globals().items() if name.startswith("kina_py_")}
 
 
+# ---- the compiled kina_perform fast path (kina_fast_perform in speedups.c) ----------
+
+def _answer_to_int64(effect, value) -> int:
+    """kina_py_perform's conversion of a perform's answer, for the fast path."""
+    return to_int64(value, f"the answer to {effect.name}")
+
+
+def _report_error(exc) -> int:
+    """The status of an exception raised in the fast path, with kina_last_error
+    set: what cffi's onerror hook (kina_fx.ffi._onerror) does for kina_py_perform."""
+    from . import ffi
+    return ffi._onerror(type(exc), exc, exc.__traceback__)
+
+
+def _bind_fast_path() -> bool:
+    """Let kina_perform answer C handlers without entering Python: only when the
+    compiled perform is the one in use (not with KINA_FX_PURE_PYTHON=1)."""
+    speedups = getattr(handlers, "_speedups", None)
+    if speedups is None or handlers.perform is not getattr(speedups, "perform", None) \
+            or not hasattr(speedups, "_bind_c_abi"):
+        return False
+    try:
+        speedups._bind_c_abi(CClause, _effects_by_id, _answer_to_int64, _report_error)
+    except (TypeError, AttributeError):    # a stale build: the slow path still works
+        return False
+    return True
+
+
 def attach(ffi) -> dict:
     """Remember the embedded module's ffi; return the callbacks to attach."""
     global _ffi
     _ffi = ffi
+    _bind_fast_path()
     return CALLBACKS

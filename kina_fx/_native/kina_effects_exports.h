@@ -11,6 +11,11 @@
     X(kina_fiber_result, kina_py_fiber_result, (kina_fiber_t fiber, int64_t *out_value), (fiber, out_value)) \
     X(kina_cancel_fiber, kina_py_cancel_fiber, (kina_fiber_t fiber, int32_t *out_state), (fiber, out_state)) \
     X(kina_fiber_destroy, kina_py_fiber_destroy, (kina_fiber_t fiber), (fiber)) \
-    X(kina_perform, kina_py_perform, (int32_t effect, const int64_t *args, int32_t nargs, int64_t *out_value), (effect, args, nargs, out_value)) \
     X(kina_push_handler, kina_py_push_handler, (kina_handler_fn fn, void *ctx, const int32_t *effects, int32_t neffects, kina_handler_t *out_handler), (fn, ctx, effects, neffects, out_handler)) \
     X(kina_pop_handler, kina_py_pop_handler, (kina_handler_t handler), (handler))
+
+/* Exports that try a C fast path before their callback (KINA_DEFINE_FAST_EXPORT
+ * in kina_runtime.c calls kina__fast_<name> first): kina_perform answered by
+ * C handlers without entering Python (kina_fast_perform in speedups.c). */
+#define KINA_EFFECT_FAST_EXPORTS(X) \
+    X(kina_perform, kina_py_perform, (int32_t effect, const int64_t *args, int32_t nargs, int64_t *out_value), (effect, args, nargs, out_value))

@@ -239,11 +239,80 @@ static int32_t kina__ensure_python(void)
 KINA_EXPORTS(KINA_DEFINE_EXPORT)
 KINA_EFFECT_EXPORTS(KINA_DEFINE_EXPORT)
 
+/* ---- C fast paths ---------------------------------------------------------- */
+
+/* kina_perform answered by C handlers (kina_push_handler) without entering
+ * Python through cffi: kina_fast_perform in kina_fx/_native/speedups.c runs
+ * the handler-stack search with the GIL held and calls C handlers directly.
+ * It returns KINA__FAST_DECLINED having done nothing (a Python clause or an
+ * `on` clause comes first, nothing handles the effect, an argument is invalid:
+ * the extern "Python" path then does everything, validation included), or
+ * KINA__FAST_DONE with *status set (0 with *out_value written, or a status
+ * with kina_last_error set, as kina_fx.ffi's onerror hook sets it).
+ *
+ * Its address comes from the capsule kina_fx._speedups._C_API, imported once
+ * (under the GIL, so once); without kina_fx._speedups the fast path is off.
+ * Only threads that already have a Python thread state take it: cffi keeps a
+ * thread state alive per thread, and handlers exist only on threads that
+ * called kina_push_handler through cffi, whereas PyGILState_Ensure on a new
+ * thread would make a throw-away one (and a throw-away fibers state). */
+#define KINA__FAST_DECLINED 0
+#define KINA__FAST_DONE 1
+typedef int (*kina__fast_perform_fn)(int32_t effect, const int64_t *args, int32_t nargs,
+                                     int64_t *out_value, int32_t *status);
+static kina__fast_perform_fn kina__fast_perform_ptr;
+static int kina__fast_perform_state;   /* 0: not looked up; 1: found; -1: unavailable */
+
+static void kina__fast_perform_lookup(void)
+{
+    void *p = PyCapsule_Import("kina_fx._speedups._C_API", 0);
+    if (p == NULL) {
+        PyErr_Clear();
+        __atomic_store_n(&kina__fast_perform_state, -1, __ATOMIC_RELAXED);
+        return;
+    }
+    kina__fast_perform_ptr = (kina__fast_perform_fn)p;
+    __atomic_store_n(&kina__fast_perform_state, 1, __ATOMIC_RELAXED);
+}
+
+/* 1 with *status set when the fast path answered, 0 to take the Python path. */
+static int kina__fast_kina_perform(int32_t effect, const int64_t *args, int32_t nargs,
+                                   int64_t *out_value, int32_t *status)
+{
+    if (__atomic_load_n(&kina__fast_perform_state, __ATOMIC_RELAXED) < 0
+            || PyGILState_GetThisThreadState() == NULL)
+        return 0;
+    /* errno is left as the handlers leave it, as on the cffi path */
+    PyGILState_STATE gil = PyGILState_Ensure();
+    if (kina__fast_perform_state == 0)
+        kina__fast_perform_lookup();
+    int done = kina__fast_perform_state > 0
+        && kina__fast_perform_ptr(effect, args, nargs, out_value, status) == KINA__FAST_DONE;
+    PyGILState_Release(gil);
+    return done;
+}
+
+#define KINA_DEFINE_FAST_EXPORT(name, pyname, params, args)          \
+    static int32_t pyname params;                                    \
+    KINA_API int32_t name params                                     \
+    {                                                                \
+        int32_t status_ = kina__ensure_python();                     \
+        if (status_ != KINA_STATUS_SUCCESS)                          \
+            return status_;                                          \
+        if (kina__fast_##name(KINA__ARGS_AND_STATUS args, &status_)) \
+            return status_;                                          \
+        return pyname args;                                          \
+    }
+#define KINA__ARGS_AND_STATUS(...) __VA_ARGS__
+
+KINA_EFFECT_FAST_EXPORTS(KINA_DEFINE_FAST_EXPORT)
+
 /* The Python names of the callbacks, for kina_fx.ffi.attach() to check that
  * every one is attached. */
 #define KINA_NAME_OF(name, pyname, params, args) #pyname,
 static const char *const kina__callback_names[] = {
-    KINA_EXPORTS(KINA_NAME_OF) KINA_EFFECT_EXPORTS(KINA_NAME_OF) NULL};
+    KINA_EXPORTS(KINA_NAME_OF) KINA_EFFECT_EXPORTS(KINA_NAME_OF)
+    KINA_EFFECT_FAST_EXPORTS(KINA_NAME_OF) NULL};
 
 static const char *kina__callback_name(int i)
 {
