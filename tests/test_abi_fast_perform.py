@@ -15,7 +15,6 @@ import os
 import pytest
 
 from kina_fx import Effect, Handler, Stepper, fibers, handlers, perform
-from kina_fx import ffi as kffi
 from kina_fx import ffi_effects
 from kina_fx.errors import Status
 
