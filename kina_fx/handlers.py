@@ -28,12 +28,11 @@ therefore run in constant stack, however many effects are performed.
 """
 from __future__ import annotations
 
-import dis
 import os
 import sys
 import threading
 
-from . import fibers
+from . import fibers, tailcalls
 from .errors import Cancelled, ContinuationAlreadyResumed, Unhandled, ValidationError
 from .fibers import RAISED, RETURNED, Chain, local, thread_token
 
@@ -654,111 +653,12 @@ def _drive_on_fresh_stack(chain, send):
     return payload
 
 
-# A resume is a *tail* resume when every frame between it and the driver loop
-# hands the resume's result straight back: each frame is stopped at a call that
-# is directly followed by RETURN_VALUE, outside any try/with block, and that
-# call is visibly a call of the next frame's function (the callee loaded by
-# name right before the arguments is ``resume``/... for the first frame and
-# the next frame's function name after that).  The last condition rejects C
-# functions in between (``next(map(lambda: k.resume(v), ...))``), which the
-# frame chain cannot show.  Everything is computed once per code object; when
-# in doubt the answer is "not a tail call", which is always correct (it nests).
-_MAX_TAIL_FRAMES = 16
-_RESUME_NAMES = frozenset({"resume", "discontinue", "resume_with", "discontinue_with"})
-_CALL_OPS = frozenset({"CALL", "CALL_FUNCTION", "CALL_METHOD", "CALL_FUNCTION_KW", "CALL_KW"})
-_NAME_LOADS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_CLASSDEREF"})
-_ATTR_LOADS = frozenset({"LOAD_METHOD", "LOAD_ATTR"})
-_NOT_PLAIN = 0x20 | 0x80 | 0x100 | 0x200   # generator, coroutine, iterable coroutine, async gen
-_tail_calls_by_code: dict = {}
-
-
-def _callee(insts, index):
-    """(name, is_plain_name) of the callable the call at insts[index] calls, or None."""
-    call = insts[index]
-    nargs = call.arg or 0
-    j = index
-    while j > 0 and insts[j - 1].opname in ("PRECALL", "KW_NAMES"):
-        j -= 1
-    produced = 0
-    while produced < nargs:
-        j -= 1
-        inst = insts[j] if j >= 0 else None
-        if inst is None or inst.is_jump_target or "JUMP" in inst.opname or inst.opname == "FOR_ITER":
-            return None
-        try:
-            produced += dis.stack_effect(inst.opcode, inst.arg if inst.opcode >= dis.HAVE_ARGUMENT else None)
-        except ValueError:
-            return None
-    if produced != nargs or j == 0:
-        return None
-    load = insts[j - 1]
-    if load.opname in _NAME_LOADS:
-        return (load.argval, True)
-    if load.opname in _ATTR_LOADS:
-        return (load.argval, False)
-    return None
-
-
-def _tail_calls(code) -> dict:
-    """{f_lasti value at a tail call: the callee (name, is_plain_name)} for ``code``."""
-    # Keyed by id(): hashing a code object hashes its whole bytecode.  The entry
-    # keeps the code object alive so that its id cannot be reused meanwhile.
-    entry = _tail_calls_by_code.get(id(code))
-    if entry is not None and entry[0] is code:
-        return entry[1]
-    calls = {}
-    if not code.co_flags & _NOT_PLAIN:
-        bytecode = dis.Bytecode(code)
-        guarded = [(e.start, e.end) for e in getattr(bytecode, "exception_entries", ())]
-        insts = list(bytecode)
-        for index, (call, nxt) in enumerate(zip(insts, insts[1:])):
-            if (call.opname in _CALL_OPS and nxt.opname == "RETURN_VALUE"
-                    and not any(s <= call.offset < e for s, e in guarded)):
-                callee = _callee(insts, index)
-                if callee is not None:
-                    for offset in range(call.offset, nxt.offset, 2):
-                        calls[offset] = callee
-    if len(_tail_calls_by_code) > 4096:     # code compiled at run time (exec, eval)
-        _tail_calls_by_code.clear()
-    _tail_calls_by_code[id(code)] = (code, calls)
-    return calls
-
-
+# Tail-resume detection lives in kina_fx/tailcalls.py; the driver loop is the
+# frame a tail resume must reach.
 def _returns_straight_to_driver(frame) -> bool:
-    """True when ``frame`` (the caller of a resume method) returns the resume's
-    result unchanged, through tail calls only, to a driver loop."""
-    callee_code = None                  # code of the frame the current one calls
-    for _ in range(_MAX_TAIL_FRAMES):
-        if frame is None:
-            return False
-        code = frame.f_code
-        if code is _DRIVE_CODE:
-            return True
-        callee = _tail_calls(code).get(frame.f_lasti)
-        if callee is None:
-            return False
-        name, plain = callee
-        if callee_code is None:
-            if name not in _RESUME_NAMES:
-                return False
-        elif name != callee_code.co_name and not (plain and _names_function(frame, name, callee_code)):
-            return False
-        callee_code = code
-        frame = frame.f_back
-    return False
-
-
-def _names_function(frame, name, code) -> bool:
-    # For a helper called through a differently named variable (a lambda):
-    # does ``name`` in ``frame`` hold the function whose code is ``code``?
-    scope = frame.f_locals if name in frame.f_code.co_varnames or name in frame.f_code.co_freevars \
-        or name in frame.f_code.co_cellvars else frame.f_globals
-    fn = scope.get(name)
-    fn = getattr(fn, "__func__", fn)
-    return getattr(fn, "__code__", None) is code
-
-
-# --- the compiled fast path -------------------------------------------------
+    """True when ``frame``, the caller of a resume, returns the resume's result
+    unchanged to a driver loop (see :mod:`kina_fx.tailcalls`)."""
+    return tailcalls.returns_straight_to(frame, _DRIVE_CODE)
 
 
 def _resume_nested(tail):
@@ -792,8 +692,9 @@ if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
         try:
             _speedups._bind(local, fibers.Fiber, fibers.ThreadState, Effect, Handler, _Skip,
                             _TailResume, Unhandled, _suspend_perform, _resume_nested)
-            _speedups._bind_tail(_DRIVE_CODE, _MAX_TAIL_FRAMES, _RESUME_NAMES,
-                                 _tail_calls_by_code, _tail_calls, _names_function)
+            _speedups._bind_tail(_DRIVE_CODE, tailcalls.MAX_TAIL_FRAMES, tailcalls.RESUME_NAMES,
+                                 tailcalls.tail_calls_by_code, tailcalls.tail_calls,
+                                 tailcalls.names_function)
             _speedups._bind_forward(FORWARD)
         except (TypeError, AttributeError) as exc:   # a stale build: rebuild it
             import warnings
