@@ -432,6 +432,7 @@ class Continuation(Chain):
 # The reference resume; the compiled one (speedups.c's rt_resume, a method
 # descriptor) replaces it on the class unless KINA_FX_PURE_PYTHON=1.
 _resume_py = Continuation.resume
+_del_py = Continuation.__del__
 
 
 def fiber(fn) -> Continuation:
@@ -716,9 +717,9 @@ if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
                                  tailcalls.tail_calls_by_code, tailcalls.tail_calls,
                                  tailcalls.names_function)
             _speedups._bind_forward(FORWARD)
-            _resume_c = _speedups._bind_round_trip(
+            _resume_c, _del_c = _speedups._bind_round_trip(
                 Chain, Continuation, GreenletExit, fibers.Unwind, fibers._begin_unwind_here,
-                fibers.switch_into, _resume_py, PERFORMED, RETURNED, RAISED)
+                fibers.switch_into, _resume_py, PERFORMED, RETURNED, RAISED, fibers.unwind)
         except (TypeError, AttributeError) as exc:   # a stale build: rebuild it
             import warnings
             warnings.warn(f"kina_fx._speedups does not fit this kina_fx ({exc}); "
@@ -728,6 +729,7 @@ if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
             _returns_straight_to_driver = _speedups._returns_straight_to_driver
             _switch_into = _speedups.switch_into
             Continuation.resume = _resume_c
+            Continuation.__del__ = _del_c
             _drive_c = _speedups.drive
             _drive = _drive_compiled
             _DRIVE_CODE = _drive_compiled.__code__

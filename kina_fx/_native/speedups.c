@@ -1283,6 +1283,11 @@ frame_lasti(PyFrameObject *frame)
 #endif
 }
 
+/* The first frame's (code, f_lasti) of the last check whose first link was
+ * a resume call (see straight_to_driver). */
+static PyObject *first_code;
+static int first_lasti = -1;
+
 /* 1 / 0 / -1 (error) */
 static int
 straight_to_driver(PyObject *frame_arg)
@@ -1304,6 +1309,19 @@ straight_to_driver(PyObject *frame_arg)
             answer = 1;
             break;
         }
+#if PY_VERSION_HEX >= 0x030B0000
+        /* The first frame (the clause calling resume) is nearly always the
+         * same code stopped at the same call as last time: that pair's table
+         * entry was a resume name then, and tables never change (code objects
+         * are immutable; first_code keeps this one alive). */
+        if (callee_code == NULL && code == first_code &&
+                PyFrame_GetLasti((PyFrameObject *)frame) == first_lasti) {
+            callee_code = code;
+            PyObject *back = (PyObject *)PyFrame_GetBack((PyFrameObject *)frame);
+            Py_SETREF(frame, back == NULL ? Py_NewRef(Py_None) : back);
+            continue;
+        }
+#endif
         PyObject *calls = tail_calls(code);
         PyObject *lasti = calls == NULL ? NULL : frame_lasti((PyFrameObject *)frame);
         PyObject *callee = NULL;
@@ -1351,6 +1369,12 @@ straight_to_driver(PyObject *frame_arg)
             answer = ok;
             break;
         }
+#if PY_VERSION_HEX >= 0x030B0000
+        if (callee_code == NULL) {
+            Py_XSETREF(first_code, Py_NewRef(code));
+            first_lasti = PyFrame_GetLasti((PyFrameObject *)frame);
+        }
+#endif
         Py_XSETREF(callee_code, code);
         PyObject *back = (PyObject *)PyFrame_GetBack((PyFrameObject *)frame);
         Py_SETREF(frame, back == NULL ? Py_NewRef(Py_None) : back);
@@ -1399,6 +1423,8 @@ bind_tail(PyObject *Py_UNUSED(module), PyObject *args)
     Py_XSETREF(t_tail_calls, Py_NewRef(tc));
     Py_XSETREF(t_names_function, Py_NewRef(nf));
     t_max_frames = max_frames;
+    Py_CLEAR(first_code);
+    first_lasti = -1;
     Py_RETURN_NONE;
 }
 
@@ -1905,25 +1931,69 @@ drive(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     return rt_drive(args[0], args[1]);
 }
 
+/* getattr(self, "top", None) (new reference or NULL in *out); -1 on error. */
+static int
+PyObject_GetOptionalAttr_compat(PyObject *self, PyObject **out)
+{
+    *out = PyObject_GetAttrString(self, "top");
+    if (*out == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+    }
+    return 0;
+}
+
+/* Continuation.__del__ (the Python method is kept as handlers._del_py): a
+ * continuation dropped unused is unwound, except at interpreter exit.  Every
+ * round trip frees one continuation; in C that costs no Python frame. */
+static PyObject *g_unwind_fn;        /* fibers.unwind                            */
+
+static PyObject *
+rt_del(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *top;
+    if (Py_TYPE(self) == g_cont_t)
+        top = Py_XNewRef(SLOT(self, off_top));
+    else if (PyObject_GetOptionalAttr_compat(self, &top) < 0)
+        return NULL;
+    int live = top != NULL && top != Py_None;
+    Py_XDECREF(top);
+#if PY_VERSION_HEX >= 0x030D0000
+    int finalizing = Py_IsFinalizing();
+#else
+    int finalizing = _Py_IsFinalizing();
+#endif
+    if (!live || finalizing)
+        Py_RETURN_NONE;
+    return PyObject_CallOneArg(g_unwind_fn, self);
+}
+
+static PyMethodDef del_def = {
+    "__del__", rt_del, METH_NOARGS,
+    "Dropped without being used: run its cleanup (compiled Continuation.__del__)."};
+
 PyDoc_STRVAR(bind_round_trip_doc,
 "_bind_round_trip(Chain, Continuation, GreenletExit, Unwind, begin_unwind_here, switch_into,\n"
-"                 resume, PERFORMED, RETURNED, RAISED)\n--\n\n"
+"                 resume, PERFORMED, RETURNED, RAISED, unwind)\n--\n\n"
 "Called by kina_fx.handlers after _bind: what the compiled round trip works with.\n"
-"Returns the compiled ``resume`` method descriptor for Continuation.");
+"Returns the compiled ``resume`` and ``__del__`` method descriptors for Continuation.");
 
 static PyObject *
 bind_round_trip(PyObject *Py_UNUSED(module), PyObject *args)
 {
-    PyObject *chain_t, *cont_t, *gexit, *unwind_t, *begin, *sw, *res, *performed, *returned, *raised;
-    if (!PyArg_ParseTuple(args, "O!O!OOOOOOOO:_bind_round_trip", &PyType_Type, &chain_t,
+    PyObject *chain_t, *cont_t, *gexit, *unwind_t, *begin, *sw, *res, *performed, *returned, *raised,
+             *unwind_fn;
+    if (!PyArg_ParseTuple(args, "O!O!OOOOOOOOO:_bind_round_trip", &PyType_Type, &chain_t,
                           &PyType_Type, &cont_t, &gexit, &unwind_t, &begin, &sw, &res, &performed,
-                          &returned, &raised))
+                          &returned, &raised, &unwind_fn))
         return NULL;
     if (g_fiber_t == NULL || g_tstate_t == NULL || g_tail_t == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "_bind_round_trip: call _bind first");
         return NULL;
     }
     if (!PyCallable_Check(begin) || !PyCallable_Check(sw) || !PyCallable_Check(res) ||
+            !PyCallable_Check(unwind_fn) ||
             !PyExceptionClass_Check(gexit) || !PyExceptionClass_Check(unwind_t)) {
         PyErr_SetString(PyExc_TypeError, "_bind_round_trip: bad arguments");
         return NULL;
@@ -1947,7 +2017,11 @@ bind_round_trip(PyObject *Py_UNUSED(module), PyObject *args)
         return NULL;
     }
     PyObject *descr = PyDescr_NewMethod((PyTypeObject *)cont_t, &resume_def);
-    if (descr == NULL)
+    PyObject *del = descr == NULL ? NULL : PyDescr_NewMethod((PyTypeObject *)cont_t, &del_def);
+    PyObject *pair = del == NULL ? NULL : PyTuple_Pack(2, descr, del);
+    Py_XDECREF(descr);
+    Py_XDECREF(del);
+    if (pair == NULL)
         return NULL;
     Py_XSETREF(g_chain_t, (PyTypeObject *)Py_NewRef(chain_t));
     Py_XSETREF(g_cont_t, (PyTypeObject *)Py_NewRef(cont_t));
@@ -1971,8 +2045,9 @@ bind_round_trip(PyObject *Py_UNUSED(module), PyObject *args)
     off_k_shallow = o_kshallow;
     off_tr_chain = o_trc;
     off_tr_send = o_trs;
+    Py_XSETREF(g_unwind_fn, Py_NewRef(unwind_fn));
     rt_bound = 1;
-    return descr;
+    return pair;
 }
 
 static PyMethodDef methods[] = {
