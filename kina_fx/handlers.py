@@ -701,8 +701,13 @@ def _resume_nested(tail):
 
 # kina_fx._speedups (kina_fx/_native/speedups.c, built by setup.py when a
 # compiler is available) has transcriptions of _perform_py and
-# _returns_straight_to_driver, several times faster.  KINA_FX_PURE_PYTHON=1
-# keeps the Python versions (the references).
+# _returns_straight_to_driver, several times faster, and of the round trip of
+# an ``on`` clause: _suspend_perform with fibers.post/suspend/_switch (inside
+# the compiled perform), fibers.switch_into (_switch_into), the loop of _drive
+# (behind _drive_compiled, whose frame the tail check then looks for),
+# Continuation.resume and Continuation.__del__ (the Python methods stay as
+# _resume_py and _del_py).  KINA_FX_PURE_PYTHON=1 keeps the Python versions
+# (the references).
 _returns_straight_to_driver_py = _returns_straight_to_driver
 if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
     try:

@@ -5,10 +5,11 @@
  * ``perform`` is the effects runtime's hot path: every autograd primitive and
  * every tail-resumptive (``fun``) clause goes through it.  In pure Python the
  * search of the handler stack plus the skip-marker push/pop costs about 15
- * plain calls; here it costs about two.  The one other function here is the
- * tail-resume check (_returns_straight_to_driver, the largest single cost of
- * an ``on`` perform+resume round trip).  Nothing else lives in C: switching
- * fibers, continuations and the driver loop stay in Python.  libkina_fx.so's
+ * plain calls; here it costs about two.  Also here: the tail-resume check
+ * (_returns_straight_to_driver), and the hot steps of an ``on``
+ * perform+resume round trip: suspending a perform, fibers.switch_into, the
+ * driver loop, Continuation.resume and Continuation.__del__ (see "the round
+ * trip" below; the Python functions stay the references).  libkina_fx.so's
  * kina_perform uses the same search through kina_fast_perform (exported in
  * the capsule _C_API) to call C handlers without entering Python (see
  * "kina_perform from C" below).
@@ -30,10 +31,12 @@
  *   (handlers._remove_marker); a clause returning handlers.FORWARD declines:
  *   the search goes on below its handler.
  *
- * The ``on`` branch calls handlers._suspend_perform(effect, args, found) with
- * found = [base fiber, handler], a list the callee empties: like the Python
- * frame, this C frame keeps no reference to the fibers or the continuation
- * while the chain is suspended (see the comments in fibers.py).
+ * The ``on`` branch is rt_suspend (below), the transcription of
+ * handlers._suspend_perform and the fibers.py switch it makes; in the cases it
+ * does not transcribe it calls handlers._suspend_perform(effect, args, found)
+ * with found = [base fiber, handler], a list the callee empties: like the
+ * Python frame, this C frame keeps no reference to the fibers or the
+ * continuation while the chain is suspended (see the comments in fibers.py).
  *
  * _returns_straight_to_driver mirrors handlers.py's function of that name
  * (its Python definition is the reference, kept as
