@@ -35,6 +35,7 @@ import threading
 from . import fibers, tailcalls
 from .errors import Cancelled, ContinuationAlreadyResumed, Unhandled, ValidationError
 from .fibers import RAISED, RETURNED, Chain, local, thread_token
+from greenlet import GreenletExit
 
 __all__ = ["Effect", "perform", "Handler", "Continuation", "fiber", "Stepper", "FORWARD",
            "push_handler", "pop_handler", "suspend_to_host", "thread_token"]
@@ -428,6 +429,12 @@ class Continuation(Chain):
         return f"<Continuation {kind} {'used' if self.top is None else 'ready'}>"
 
 
+# The reference resume; the compiled one (speedups.c's rt_resume, a method
+# descriptor) replaces it on the class unless KINA_FX_PURE_PYTHON=1.
+_resume_py = Continuation.resume
+_del_py = Continuation.__del__
+
+
 def fiber(fn) -> Continuation:
     """A shallow continuation that, resumed with ``v``, runs ``fn(v)`` (OCaml ``Effect.Shallow.fiber``)."""
     if not callable(fn):
@@ -553,7 +560,7 @@ class Stepper:
         self.state = self.RUNNING
         self.effect, self.args = None, ()
         try:
-            kind, _, payload = fibers.switch_into(chain, send)
+            kind, _, payload = _switch_into(chain, send)
         except BaseException as exc:
             self.state, self.error = self.FAILED, exc
             raise
@@ -577,6 +584,9 @@ class Stepper:
 
 # --- the driver loop --------------------------------------------------------
 
+# fibers.switch_into, or its compiled copy (speedups.c's rt_switch_into).
+_switch_into = fibers.switch_into
+
 
 class _TailResume:
     """Handed back by a resume in tail position to the driver that called the clause."""
@@ -596,7 +606,7 @@ def _drive(chain, send):
     position hands it back here instead of nesting (see _resume_from).
     """
     while True:
-        kind, handler, payload = fibers.switch_into(chain, send)
+        kind, handler, payload = _switch_into(chain, send)
         chain = send = None
         if kind is PERFORMED:
             effect, args, k = payload
@@ -615,6 +625,17 @@ def _drive(chain, send):
 
 
 _DRIVE_CODE = _drive.__code__
+_drive_py = _drive
+_drive_c = None
+
+
+def _drive_compiled(chain, send):
+    """_drive with its loop compiled (speedups.c's rt_drive); replaces _drive.
+
+    The clauses the C loop calls see this frame as their caller, so the tail
+    check looks for this function's code instead of _drive_py's.
+    """
+    return _drive_c(chain, send)
 
 
 def _resume_from(caller, k, send):
@@ -647,7 +668,7 @@ def _stack_is_deep() -> bool:
 def _drive_on_fresh_stack(chain, send):
     helper = fibers.new_fiber(_drive, (chain, send))
     del chain
-    kind, _, payload = fibers.switch_into(Chain(helper, helper), (False, None))
+    kind, _, payload = _switch_into(Chain(helper, helper), (False, None))
     if kind is RAISED:
         raise payload
     return payload
@@ -680,8 +701,13 @@ def _resume_nested(tail):
 
 # kina_fx._speedups (kina_fx/_native/speedups.c, built by setup.py when a
 # compiler is available) has transcriptions of _perform_py and
-# _returns_straight_to_driver, several times faster.  KINA_FX_PURE_PYTHON=1
-# keeps the Python versions (the references).
+# _returns_straight_to_driver, several times faster, and of the round trip of
+# an ``on`` clause: _suspend_perform with fibers.post/suspend/_switch (inside
+# the compiled perform), fibers.switch_into (_switch_into), the loop of _drive
+# (behind _drive_compiled, whose frame the tail check then looks for),
+# Continuation.resume and Continuation.__del__ (the Python methods stay as
+# _resume_py and _del_py).  KINA_FX_PURE_PYTHON=1 keeps the Python versions
+# (the references).
 _returns_straight_to_driver_py = _returns_straight_to_driver
 if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
     try:
@@ -692,10 +718,13 @@ if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
         try:
             _speedups._bind(local, fibers.Fiber, fibers.ThreadState, Effect, Handler, _Skip,
                             _TailResume, Unhandled, _suspend_perform, _resume_nested)
-            _speedups._bind_tail(_DRIVE_CODE, tailcalls.MAX_TAIL_FRAMES, tailcalls.RESUME_NAMES,
+            _speedups._bind_tail(_drive_compiled.__code__, tailcalls.MAX_TAIL_FRAMES, tailcalls.RESUME_NAMES,
                                  tailcalls.tail_calls_by_code, tailcalls.tail_calls,
                                  tailcalls.names_function)
             _speedups._bind_forward(FORWARD)
+            _resume_c, _del_c = _speedups._bind_round_trip(
+                Chain, Continuation, GreenletExit, fibers.Unwind, fibers._begin_unwind_here,
+                fibers.switch_into, _resume_py, PERFORMED, RETURNED, RAISED, fibers.unwind)
         except (TypeError, AttributeError) as exc:   # a stale build: rebuild it
             import warnings
             warnings.warn(f"kina_fx._speedups does not fit this kina_fx ({exc}); "
@@ -703,3 +732,9 @@ if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
         else:
             perform = _speedups.perform
             _returns_straight_to_driver = _speedups._returns_straight_to_driver
+            _switch_into = _speedups.switch_into
+            Continuation.resume = _resume_c
+            Continuation.__del__ = _del_c
+            _drive_c = _speedups.drive
+            _drive = _drive_compiled
+            _DRIVE_CODE = _drive_compiled.__code__

@@ -70,7 +70,13 @@ def tail_calls(code) -> dict:
                     and not any(s <= call.offset < e for s, e in guarded)):
                 callee = _callee(insts, index)
                 if callee is not None:
-                    for offset in range(call.offset, nxt.offset, 2):
+                    # Python 3.11 makes a specialized call of a C function (the
+                    # compiled Continuation.resume) in the PRECALL right before
+                    # the CALL: a frame stopped there is in this very call.
+                    start = call.offset
+                    if index and insts[index - 1].opname == "PRECALL":
+                        start = insts[index - 1].offset
+                    for offset in range(start, nxt.offset, 2):
                         calls[offset] = callee
     if len(tail_calls_by_code) > 4096:     # code compiled at run time (exec, eval)
         tail_calls_by_code.clear()

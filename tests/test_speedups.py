@@ -508,3 +508,74 @@ def test_a_stack_that_is_not_a_list(perform):
             assert type(stack()) is Stack and len(stack()) == len(saved) + 1
     finally:
         me.stack = saved
+
+
+# --- the compiled round trip (suspend, switch_into, resume, the driver loop) ----------
+
+@pytest.mark.skipif(_speedups is None or PURE, reason="compiled round trip not in use")
+def test_compiled_round_trip_is_selected():
+    assert handlers.Continuation.resume is not handlers._resume_py
+    assert handlers.Continuation.__del__ is not handlers._del_py
+    assert handlers._switch_into is _speedups.switch_into
+    assert handlers._drive is handlers._drive_compiled
+    assert handlers._DRIVE_CODE is handlers._drive_compiled.__code__
+
+
+def test_tail_resumes_stay_tail_resumes_once_the_call_is_specialized(monkeypatch):
+    # Python 3.11 runs a specialized call of a C function (the compiled resume)
+    # in the PRECALL before its CALL: the frame stops there, still in a tail
+    # call.  A resume wrongly taken for a non-tail one would nest, and every
+    # 300 frames hop to a fresh helper fiber.
+    made = []
+    new_fiber = fibers.new_fiber
+    monkeypatch.setattr(fibers, "new_fiber", lambda *a, **kw: made.append(a) or new_fiber(*a, **kw))
+
+    def body():
+        for i in range(3000):
+            handlers.perform(E, i)
+        return "done"
+    assert Handler(on={E: lambda k, x: k.resume(x)}).run(body) == "done"
+    assert len(made) == 1                    # the body's own fiber, nothing else
+
+
+def test_resume_cases_the_compiled_method_hands_to_the_python_one():
+    assert Handler(on={E: lambda k, x: k.resume(value=x + 1)}).run(lambda: handlers.perform(E, 1)) == 2
+
+    def twice(k, x):
+        r = k.resume(x)                      # not a tail resume: nests
+        with pytest.raises(handlers.ContinuationAlreadyResumed):
+            k.resume(0)
+        return ("nested", r)
+    assert Handler(on={E: twice}).run(lambda: handlers.perform(E, 3)) == ("nested", 3)
+    k = fiber(lambda v: ("ran", v))
+    with pytest.raises(TypeError):
+        k.resume(1)                          # shallow: takes resume_with
+    assert not k.resumed
+    assert k.resume_with(5, Handler()) == ("ran", 5)
+
+    class Sub(Continuation):
+        __slots__ = ()
+    got = []
+    Handler(on={E: lambda k, x: got.append(k) or k.resume(x)}).run(lambda: handlers.perform(E, 0))
+    assert got[0].resumed
+    sub = Sub(None, None)
+    with pytest.raises(handlers.ContinuationAlreadyResumed):
+        sub.resume(1)
+
+
+def test_dropped_continuations_still_unwind_and_discontinue_still_raises():
+    log = []
+
+    def body():
+        try:
+            handlers.perform(E, 1)
+        except ValueError as exc:
+            log.append(("caught", str(exc)))
+        try:
+            handlers.perform(E, 2)
+        finally:
+            log.append("finally")
+    clauses = iter([lambda k, x: k.discontinue(ValueError("boom")), lambda k, x: "dropped"])
+    assert Handler(on={E: lambda k, x: next(clauses)(k, x)}).run(body) == "dropped"
+    gc.collect()
+    assert log == [("caught", "boom"), "finally"]
