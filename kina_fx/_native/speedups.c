@@ -491,6 +491,96 @@ suspend_py(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, P
     return r;
 }
 
+/* The search perform_at and kina_fast_perform share (handlers._perform_py's
+ * loop): from entry ``*ip`` of fiber ``*fp`` (-1: its control handler)
+ * outwards, the first handler with a clause for ``effect``.  ``*fp`` is an
+ * owned reference that moves along (NULL after an error).  Returns FOUND_FUN
+ * (``*clause`` set, a new reference, at (*fp, *ip)), FOUND_ON (``*on`` = the
+ * control handler of *fp, new reference), FOUND_NONE (*fp is None) or -1. */
+enum { FOUND_NONE = 0, FOUND_FUN = 1, FOUND_ON = 2 };
+
+static int
+find_clause(PyObject **fp, Py_ssize_t *ip, PyObject *effect, PyObject **clause, PyObject **on)
+{
+    PyObject *f = *fp;
+    Py_ssize_t i = *ip;
+    int found = -1;
+    for (;;) {
+        if (i >= 0) {
+            PyObject *entry = stack_item(f, i);
+            if (entry == NULL)
+                goto out;
+            if (Py_TYPE(entry) == g_skip_t) {
+                PyObject *nf = get_slot(entry, g_skip_t, off_skip_fiber, s_fiber);
+                PyObject *index = nf == NULL ? NULL : get_slot(entry, g_skip_t, off_skip_index, s_index);
+                Py_DECREF(entry);
+                if (index == NULL) {
+                    Py_XDECREF(nf);
+                    goto out;
+                }
+                Py_SETREF(f, nf);
+                i = PyLong_AsSsize_t(index);
+                Py_DECREF(index);
+                if (i == -1 && PyErr_Occurred())
+                    goto out;
+                i -= 1;
+                if (i >= -1)
+                    continue;
+            }
+            else {
+                int r = find_fun(entry, effect, clause);
+                Py_DECREF(entry);
+                if (r < 0)
+                    goto out;
+                if (r) {
+                    found = FOUND_FUN;
+                    goto out;
+                }
+                i -= 1;
+                continue;
+            }
+        }
+        else {
+            PyObject *h = get_slot(f, g_fiber_t, off_handler, s_handler);
+            if (h == NULL)
+                goto out;
+            if (h != Py_None) {
+                int r = find_fun(h, effect, clause);
+                if (r > 0) {
+                    Py_DECREF(h);
+                    found = FOUND_FUN;
+                    goto out;
+                }
+                if (r == 0)
+                    r = in_on(h, effect);
+                if (r < 0) {
+                    Py_DECREF(h);
+                    goto out;
+                }
+                if (r) {
+                    *on = h;
+                    found = FOUND_ON;
+                    goto out;
+                }
+            }
+            Py_DECREF(h);
+        }
+        Py_SETREF(f, get_slot(f, g_fiber_t, off_parent, s_parent));
+        if (f == NULL)
+            goto out;
+        if (f == Py_None) {
+            found = FOUND_NONE;
+            goto out;
+        }
+        if (top_index(f, &i) < 0)
+            goto out;
+    }
+out:
+    *fp = f;
+    *ip = i;
+    return found;
+}
+
 static PyObject *perform_at(PyObject *st, PyObject *f, Py_ssize_t i, PyObject *effect,
                             PyObject *const *cargs, Py_ssize_t n);
 static PyObject *rt_suspend(PyObject *effect, PyObject *const *args, Py_ssize_t n,
@@ -543,72 +633,21 @@ perform_at(PyObject *st, PyObject *f, Py_ssize_t i, PyObject *effect,
     PyObject *clause = NULL;
 
 search:
-    for (;;) {
-        if (i >= 0) {
-            PyObject *entry = stack_item(f, i);
-            if (entry == NULL)
-                goto error;
-            if (Py_TYPE(entry) == g_skip_t) {
-                PyObject *nf = get_slot(entry, g_skip_t, off_skip_fiber, s_fiber);
-                PyObject *index = nf == NULL ? NULL : get_slot(entry, g_skip_t, off_skip_index, s_index);
-                Py_DECREF(entry);
-                if (index == NULL) {
-                    Py_XDECREF(nf);
-                    goto error;
-                }
-                Py_SETREF(f, nf);
-                i = PyLong_AsSsize_t(index);
-                Py_DECREF(index);
-                if (i == -1 && PyErr_Occurred())
-                    goto error;
-                i -= 1;
-                if (i >= -1)
-                    continue;
-            }
-            else {
-                int r = find_fun(entry, effect, &clause);
-                Py_DECREF(entry);
-                if (r < 0)
-                    goto error;
-                if (r)
-                    break;
-                i -= 1;
-                continue;
-            }
-        }
-        else {
-            PyObject *h = get_slot(f, g_fiber_t, off_handler, s_handler);
-            if (h == NULL)
-                goto error;
-            if (h != Py_None) {
-                int r = find_fun(h, effect, &clause);
-                if (r == 0)
-                    r = in_on(h, effect);
-                else if (r > 0) {
-                    Py_DECREF(h);
-                    break;
-                }
-                if (r < 0) {
-                    Py_DECREF(h);
-                    goto error;
-                }
-                if (r) {
-                    Py_DECREF(st);
-                    return rt_suspend(effect, cargs, n, f, h);
-                }
-            }
-            Py_DECREF(h);
-        }
-        Py_SETREF(f, get_slot(f, g_fiber_t, off_parent, s_parent));
-        if (f == NULL)
-            goto error;
-        if (f == Py_None) {
+    {
+        PyObject *h = NULL;
+        switch (find_clause(&f, &i, effect, &clause, &h)) {
+        case FOUND_FUN:
+            break;
+        case FOUND_ON:
+            Py_DECREF(st);
+            return rt_suspend(effect, cargs, n, f, h);
+        case FOUND_NONE:
             Py_DECREF(f);
             Py_DECREF(st);
             return unhandled(effect, cargs, n);
-        }
-        if (top_index(f, &i) < 0)
+        default:
             goto error;
+        }
     }
 
     /* A tail-resumptive clause: run it here, outside its own handler.  ``f``
@@ -884,70 +923,16 @@ fast_perform(PyObject *effect, const int64_t *args, int32_t nargs, int64_t *out,
         goto error;
 
     for (;;) {
-        /* The search of perform_at, up to the next clause at (f, i). */
-        if (i >= 0) {
-            PyObject *entry = stack_item(f, i);
-            if (entry == NULL)
-                goto error;
-            if (Py_TYPE(entry) == g_skip_t) {
-                PyObject *nf = get_slot(entry, g_skip_t, off_skip_fiber, s_fiber);
-                PyObject *index = nf == NULL ? NULL : get_slot(entry, g_skip_t, off_skip_index, s_index);
-                Py_DECREF(entry);
-                if (index == NULL) {
-                    Py_XDECREF(nf);
-                    goto error;
-                }
-                Py_SETREF(f, nf);
-                i = PyLong_AsSsize_t(index);
-                Py_DECREF(index);
-                if (i == -1 && PyErr_Occurred())
-                    goto error;
-                i -= 1;
-                if (i >= -1)
-                    continue;
-            }
-            else {
-                int r = find_fun(entry, effect, &clause);
-                Py_DECREF(entry);
-                if (r < 0)
-                    goto error;
-                if (r == 0) {
-                    i -= 1;
-                    continue;
-                }
-            }
+        PyObject *h = NULL;
+        int found = find_clause(&f, &i, effect, &clause, &h);
+        if (found < 0)
+            goto error;
+        if (found == FOUND_ON) {         /* an ``on`` clause: the general path */
+            Py_DECREF(h);
+            goto general;
         }
-        else {
-            PyObject *h = get_slot(f, g_fiber_t, off_handler, s_handler);
-            if (h == NULL)
-                goto error;
-            if (h != Py_None) {
-                int r = find_fun(h, effect, &clause);
-                if (r == 0) {
-                    r = in_on(h, effect);
-                    if (r > 0) {             /* an ``on`` clause: the general path */
-                        Py_DECREF(h);
-                        goto general;
-                    }
-                }
-                Py_DECREF(h);
-                if (r < 0)
-                    goto error;
-            }
-            else
-                Py_DECREF(h);
-        }
-        if (clause == NULL) {
-            /* on to f's parent */
-            Py_SETREF(f, get_slot(f, g_fiber_t, off_parent, s_parent));
-            if (f == NULL)
-                goto error;
-            if (f == Py_None)
-                goto general;
-            if (top_index(f, &i) < 0)
-                goto error;
-            continue;
-        }
+        if (found == FOUND_NONE)         /* f is None: unhandled, the general path */
+            goto general;
 
         /* A clause at (f, i). */
         void *fn = NULL, *ctx = NULL;
