@@ -254,6 +254,13 @@ def _plain(value):
     return t
 
 
+def _unary(effect, x):
+    """Perform a one-input primitive: ``_out(r, x)`` without the varargs, as
+    these are the hottest primitives of a traced chain."""
+    r = perform(effect, x)
+    return r if r.__class__ is Tensor or x.__class__ is not Tensor else _plain(r)
+
+
 def _lift(v):
     """Drop wrappers that no live trace owns: plain Tensors and the boxes of
     traces that have finished.  The result is a raw value or a live box."""
@@ -1193,38 +1200,32 @@ def pow(x, p):
 
 def neg(x):
     """``-x``."""
-    r = perform(_NEG, x)
-    return r if r.__class__ is Tensor or x.__class__ is not Tensor else _plain(r)
+    return _unary(_NEG, x)
 
 
 def exp(x):
     """Elementwise ``e**x``."""
-    r = perform(_EXP, x)
-    return r if r.__class__ is Tensor or x.__class__ is not Tensor else _plain(r)
+    return _unary(_EXP, x)
 
 
 def log(x):
     """Elementwise natural logarithm."""
-    r = perform(_LOG, x)
-    return r if r.__class__ is Tensor or x.__class__ is not Tensor else _plain(r)
+    return _unary(_LOG, x)
 
 
 def tanh(x):
     """Elementwise hyperbolic tangent."""
-    r = perform(_TANH, x)
-    return r if r.__class__ is Tensor or x.__class__ is not Tensor else _plain(r)
+    return _unary(_TANH, x)
 
 
 def sigmoid(x):
     """Elementwise logistic function ``1 / (1 + exp(-x))``."""
-    r = perform(_SIGMOID, x)
-    return r if r.__class__ is Tensor or x.__class__ is not Tensor else _plain(r)
+    return _unary(_SIGMOID, x)
 
 
 def relu(x):
     """Elementwise ``max(x, 0)`` (gradient 0 at 0)."""
-    r = perform(_RELU, x)
-    return r if r.__class__ is Tensor or x.__class__ is not Tensor else _plain(r)
+    return _unary(_RELU, x)
 
 
 def cast(x, dtype):
