@@ -264,8 +264,7 @@ def kina_py_push_handler(fn, ctx, effects, neffects, out_handler):
 
 def kina_py_pop_handler(handle):
     handler = handler_handles.get(handle)
-    if handler.thread != handlers.thread_token():
-        raise ValidationError("this handler was pushed by another OS thread")
+    handlers.check_owner(handler, "handler")
     handlers.pop_handler(handler)
     handler_handles.remove(handle)
     return 0
@@ -288,8 +287,7 @@ def _run_entry(entry, arg):
 
 def _fiber(handle) -> Stepper:
     stepper = fiber_handles.get(handle)
-    if stepper.thread != handlers.thread_token():
-        raise ValidationError("this fiber belongs to another OS thread")
+    handlers.check_owner(stepper)
     return stepper
 
 

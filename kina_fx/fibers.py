@@ -165,13 +165,14 @@ def thread_token() -> int:
     return local.state.serial
 
 
-def check_owner(fiber: Fiber) -> None:
-    """Raise WrongThread unless the running OS thread owns ``fiber``."""
+def check_owner(owned, what: str = "fiber") -> None:
+    """Raise WrongThread unless the running OS thread owns ``owned`` (anything
+    with a ``thread`` token: a fiber, a Stepper, a C handler)."""
     serial = local.state.serial
-    if fiber.thread != serial:
+    if owned.thread != serial:
         raise WrongThread(
-            f"this fiber belongs to another OS thread (kina thread #{fiber.thread}; "
-            f"this is #{serial}), which alone can resume it")
+            f"this {what} belongs to another OS thread (kina thread #{owned.thread}; "
+            f"this is #{serial}), which alone can use it")
 
 
 # --- switching --------------------------------------------------------------

@@ -34,11 +34,11 @@ import threading
 
 from . import fibers, tailcalls
 from .errors import Cancelled, ContinuationAlreadyResumed, Unhandled, ValidationError
-from .fibers import RAISED, RETURNED, Chain, local, thread_token
+from .fibers import RAISED, RETURNED, Chain, check_owner, local, thread_token
 from greenlet import GreenletExit
 
 __all__ = ["Effect", "perform", "Handler", "Continuation", "fiber", "Stepper", "FORWARD",
-           "push_handler", "pop_handler", "suspend_to_host", "thread_token"]
+           "push_handler", "pop_handler", "suspend_to_host", "thread_token", "check_owner"]
 
 PERFORMED = "performed"
 
