@@ -86,3 +86,13 @@ def build_fixture_library(source, out, gcc="gcc"):
                     f"-I{include}", f"-L{libdir}", f"-Wl,-rpath,{libdir}", "-lkina_fx", "-o", str(out)],
                    check=True, capture_output=True, text=True)
     return out
+
+
+def load_module(path, name):
+    """Import the script at ``path`` (a benchmark, the native build script) as ``name``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -7,13 +7,13 @@ symbols and the Python callbacks must match it.
 """
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from abi_helpers import load_module
 
 from kina_fx import ffi as kffi
 from kina_fx import ffi_effects
@@ -25,10 +25,7 @@ HEADER = (NATIVE / "kina_fx.h").read_text()
 
 
 def native_build():
-    spec = importlib.util.spec_from_file_location("kina_native_build", NATIVE / "build.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(NATIVE / "build.py", "kina_native_build")
 
 
 def test_status_defines_mirror_errors_py():

@@ -1,18 +1,14 @@
 """The autograd benchmark script runs (3 rounds) and its baselines compute the same thing."""
-import importlib.util
 import os
 
 import numpy as np
+from abi_helpers import load_module
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _load_bench():
-    path = os.path.join(HERE, "..", "benches", "bench_autograd.py")
-    spec = importlib.util.spec_from_file_location("bench_autograd", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(os.path.join(HERE, "..", "benches", "bench_autograd.py"), "bench_autograd")
 
 
 def test_benchmark_smoke_and_baselines_agree():
