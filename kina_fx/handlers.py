@@ -485,8 +485,8 @@ class _Catch:
         return (self.effects is None or effect in self.effects
                 or effect is _SUSPEND_TO_HOST)
 
-    def keys(self):
-        return frozenset() if self.effects is None else self.effects
+    def __iter__(self):              # what Handler.__repr__ lists
+        return iter(self.effects or ())
 
 
 class Stepper:

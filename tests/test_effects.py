@@ -571,3 +571,9 @@ def test_fun_clause_returning_forward_declines_without_recursion():
     with Handler(fun={Ask: lambda: FORWARD}):
         with pytest.raises(Unhandled):
             perform(Ask)
+
+
+def test_stepper_handler_has_a_repr():
+    from kina_fx import Stepper
+    assert "Handler" in repr(Stepper(lambda: 1)._handler)
+    assert "test.yield" in repr(Stepper(lambda: 1, catch=[Yield])._handler)
