@@ -16,7 +16,6 @@ import pytest
 from abi_helpers import load_module
 
 from kina_fx import ffi as kffi
-from kina_fx import ffi_effects
 from kina_fx.errors import Status
 from kina_fx.memref import MAX_RANK
 
