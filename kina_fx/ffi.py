@@ -194,7 +194,7 @@ def attach(ffi, lib) -> None:
     global _lib
     _lib = lib
     callbacks = dict(CALLBACKS)
-    callbacks.update(ffi_effects.attach(ffi))
+    callbacks.update(ffi_effects.attach(ffi, _onerror))
     names = []
     i = 0
     while True:

@@ -38,7 +38,8 @@ from .fibers import RAISED, RETURNED, Chain, check_owner, local, thread_token
 from greenlet import GreenletExit
 
 __all__ = ["Effect", "perform", "Handler", "Continuation", "fiber", "Stepper", "FORWARD",
-           "push_handler", "pop_handler", "suspend_to_host", "thread_token", "check_owner"]
+           "push_handler", "pop_handler", "suspend_to_host", "thread_token", "check_owner",
+           "bind_c_abi"]
 
 PERFORMED = "performed"
 
@@ -697,6 +698,31 @@ def _resume_nested(tail):
     if _stack_is_deep():
         return _drive_on_fresh_stack(chain, send)
     return _drive(chain, send)
+
+
+# --- the C ABI's binding point ------------------------------------------------
+
+
+def bind_c_abi(clause_type, answer_to_int64, report_error) -> bool:
+    """Let libkina_fx.so's ``kina_perform`` call C handlers without entering Python.
+
+    ``clause_type`` is the class of the ``fun`` clauses that stand for C
+    handlers (kina_fx.ffi_effects.CClause); ``answer_to_int64(effect, value)``
+    converts a Python answer for C, ``report_error(exc)`` sets kina_last_error
+    and returns the status.  Returns False (and changes nothing) when the
+    compiled perform is not the one in use: ``kina_perform`` then always takes
+    the Python path.  ``bind_c_abi(None, None, None)`` turns the C path off.
+    """
+    if perform is _perform_py:
+        return False
+    try:
+        if clause_type is None:
+            _speedups._bind_c_abi(None)
+        else:
+            _speedups._bind_c_abi(clause_type, Effect._by_id, answer_to_int64, report_error)
+    except (TypeError, AttributeError):      # a stale build: the Python path still works
+        return False
+    return True
 
 
 # kina_fx._speedups (kina_fx/_native/speedups.c, built by setup.py when a

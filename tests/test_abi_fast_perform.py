@@ -47,8 +47,7 @@ def mode(request, kina):
         assert ffi_effects._bind_fast_path()
         yield "fast"
     else:
-        if _speedups is not None and hasattr(_speedups, "_bind_c_abi"):
-            _speedups._bind_c_abi(None)
+        handlers.bind_c_abi(None, None, None)
         try:
             yield "slow"
         finally:
