@@ -16,6 +16,7 @@ import pytest
 from abi_helpers import load_module
 
 from kina_fx import ffi as kffi
+from kina_fx import ffi_memref
 from kina_fx.errors import Status
 from kina_fx.memref import MAX_RANK
 
@@ -46,13 +47,11 @@ MEMREF_EXPORTS = {
 
 
 def all_callbacks():
-    """Every Python callback the library's start-up attaches (memref + any other ABI groups)."""
-    callbacks = dict(kffi.CALLBACKS)
-    try:
-        from kina_fx import ffi_effects
-    except ImportError:
-        return callbacks
-    callbacks.update(ffi_effects.CALLBACKS)
+    """Every Python callback the library binds (the callback modules of kina_fx.ffi)."""
+    import importlib
+    callbacks = {}
+    for module in kffi.CALLBACK_MODULES:
+        callbacks.update(importlib.import_module(module).CALLBACKS)
     return callbacks
 
 
@@ -66,8 +65,9 @@ def test_export_table_header_and_callbacks_agree():
         assert py in callbacks, f"no Python callback {py} for {name}"
         if name in MEMREF_EXPORTS:
             assert re.search(rf"\bint32_t {name}\(", kffi.CDEF), f"{name} is not in ffi.CDEF"
-            assert py in kffi.CALLBACKS
-    assert set(kffi.CALLBACKS) == {py for name, py, _ in table if name in MEMREF_EXPORTS}
+            assert py in ffi_memref.CALLBACKS
+    assert set(ffi_memref.CALLBACKS) == {py for name, py, _ in table if name in MEMREF_EXPORTS}
+    assert set(callbacks) == {py for _, py, _ in table}      # nothing stale either
 
 
 def test_installed_header_is_the_source_header():
