@@ -174,7 +174,7 @@ class CClause:
     calls the C handler ``fn(ctx, effect.id, args, nargs, &out)`` in place.
 
     It is a class (not a closure) so that the compiled ``kina_perform`` fast
-    path (``kina_fast_perform`` in kina_fx/_native/speedups.c) can recognise
+    path (``kina_fast_perform`` in kina_fx/_native/speedups_c_abi.c) can recognise
     it and call the C function itself, without entering Python: it reads
     ``fn_address``, ``ctx_address`` and ``effect_id``, and calls
     :meth:`_outcome` for what it does not answer in C (``KINA_SUSPEND``,
@@ -368,7 +368,7 @@ def kina_py_fiber_destroy(handle):
 CALLBACKS = {name: fn for name, fn in globals().items() if name.startswith("kina_py_")}
 
 
-# ---- the compiled kina_perform fast path (kina_fast_perform in speedups.c) ----------
+# ---- the compiled kina_perform fast path (kina_fast_perform in speedups_c_abi.c) ----------
 
 _onerror = None  # kina_fx.ffi's error hook, set by attach()
 

@@ -241,7 +241,7 @@ def _perform_py(effect, *args):
     scope handles ``effect`` and it has no ``default``.
 
     This is the reference implementation; ``perform`` is the compiled copy in
-    kina_fx/_native/speedups.c when that was built (see the end of this module).
+    kina_fx/_native/speedups_perform.c when that was built (see the end of this module).
     """
     st = local.state
     f = st.current
@@ -430,7 +430,7 @@ class Continuation(Chain):
         return f"<Continuation {kind} {'used' if self.top is None else 'ready'}>"
 
 
-# The reference resume; the compiled one (speedups.c's rt_resume, a method
+# The reference resume; the compiled one (speedups_round_trip.c's rt_resume, a method
 # descriptor) replaces it on the class unless KINA_FX_PURE_PYTHON=1.
 _resume_py = Continuation.resume
 _del_py = Continuation.__del__
@@ -585,7 +585,7 @@ class Stepper:
 
 # --- the driver loop --------------------------------------------------------
 
-# fibers.switch_into, or its compiled copy (speedups.c's rt_switch_into).
+# fibers.switch_into, or its compiled copy (speedups_round_trip.c's rt_switch_into).
 _switch_into = fibers.switch_into
 
 
@@ -631,7 +631,7 @@ _drive_c = None
 
 
 def _drive_compiled(chain, send):
-    """_drive with its loop compiled (speedups.c's rt_drive); replaces _drive.
+    """_drive with its loop compiled (speedups_round_trip.c's rt_drive); replaces _drive.
 
     The clauses the C loop calls see this frame as their caller, so the tail
     check looks for this function's code instead of _drive_py's.
@@ -725,7 +725,7 @@ def bind_c_abi(clause_type, answer_to_int64, report_error) -> bool:
     return True
 
 
-# kina_fx._speedups (kina_fx/_native/speedups.c, built by setup.py when a
+# kina_fx._speedups (kina_fx/_native/speedups_*.c, built by setup.py when a
 # compiler is available) has transcriptions of _perform_py and
 # _returns_straight_to_driver, several times faster, and of the round trip of
 # an ``on`` clause: _suspend_perform with fibers.post/suspend/_switch (inside

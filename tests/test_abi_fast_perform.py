@@ -1,4 +1,4 @@
-"""kina_perform's C fast path (kina_fast_perform in kina_fx/_native/speedups.c).
+"""kina_perform's C fast path (kina_fast_perform in kina_fx/_native/speedups_c_abi.c).
 
 A perform from C whose handlers are C handlers (kina_push_handler) is answered
 without entering Python: the compiled search calls the handlers' function

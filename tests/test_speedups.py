@@ -1,4 +1,4 @@
-"""The compiled perform (kina_fx._speedups, kina_fx/_native/speedups.c) against
+"""The compiled perform (kina_fx._speedups, kina_fx/_native/speedups_*.c) against
 its reference, handlers._perform_py.
 
 The effects suite itself runs against whichever ``perform`` the import selected

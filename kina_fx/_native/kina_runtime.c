@@ -242,7 +242,7 @@ KINA_EFFECT_EXPORTS(KINA_DEFINE_EXPORT)
 /* ---- C fast paths ---------------------------------------------------------- */
 
 /* kina_perform answered by C handlers (kina_push_handler) without entering
- * Python through cffi: kina_fast_perform in kina_fx/_native/speedups.c runs
+ * Python through cffi: kina_fast_perform in kina_fx/_native/speedups_c_abi.c runs
  * the handler-stack search with the GIL held and calls C handlers directly.
  * It returns KINA__FAST_DECLINED having done nothing (a Python clause or an
  * `on` clause comes first, nothing handles the effect, an argument is invalid:
