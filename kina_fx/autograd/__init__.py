@@ -34,6 +34,7 @@ from .ops_linalg import *  # noqa: F401,F403
 from .ops_math import *  # noqa: F401,F403
 from .ops_shape import *  # noqa: F401,F403
 from .tape import BACKWARD_OBSERVED, Tape, observe_backward
+from .custom import custom_jvp, custom_vjp, defjvp, defvjp, primitive
 from .transforms import grad, jvp, value_and_grad, vjp
 
 __all__ = [
@@ -45,4 +46,5 @@ __all__ = [
     "stack", "concatenate", "clip", "dot", "ravel", "flatten", "squeeze", "array",
     "PRIMITIVES", "NUMPY_RULES", "Primitive", "op", "numpy_rule", "effect_of",
     "BACKWARD_OBSERVED", "observe_backward", "is_traced",
+    "custom_vjp", "custom_jvp", "primitive", "defvjp", "defjvp",
 ] + ops_math.__all__ + ops_linalg.__all__ + ops_shape.__all__

@@ -63,6 +63,12 @@ def registry_generation() -> int:
     return _generation
 
 
+def bump_generation() -> None:
+    """Mark the table changed (pooled trace handlers are rebuilt)."""
+    global _generation
+    _generation += 1
+
+
 class Primitive:
     """One row of the op table.
 
@@ -351,7 +357,6 @@ def op(name=None, *, numpy=(), operator=None, methods=(), elementwise=False, raw
     with NumPy-like functions (the tests run it under HIPS autograd as an oracle).
     """
     def register(spec):
-        global _generation
         opname = name or spec.__name__
         if opname in PRIMITIVES:
             raise ValidationError(f"an op called {opname!r} is already registered")
@@ -453,7 +458,7 @@ def op(name=None, *, numpy=(), operator=None, methods=(), elementwise=False, raw
         if "method" in body:
             setattr(Tensor, opname, body["method"])
         PRIMITIVES[opname] = p
-        _generation += 1
+        bump_generation()
         return public
     return register
 

@@ -20,11 +20,11 @@ import numpy as _np
 
 from ..errors import KinaTypeError, ValidationError
 from ..handlers import Effect, Handler, perform
-from .primitives import COMPLEX_REFUSAL, PRIMITIVES, registry_generation
+from .primitives import COMPLEX_REFUSAL, PRIMITIVES, bump_generation, registry_generation
 from .tensor import Tensor, _box, _lift, _new, _raw, _shape, array_module, kernels, recordable
 
 __all__ = ["Tape", "BACKWARD_OBSERVED", "observe_backward", "ops_for_backward",
-           "COMPLEX_REFUSAL", "is_complex"]
+           "COMPLEX_REFUSAL", "is_complex", "own", "register_clauses", "as_input"]
 
 _pymax = max
 
@@ -274,7 +274,7 @@ def as_input(x):
 # --- clauses ------------------------------------------------------------------------------
 
 
-def _own(tape, x):
+def own(tape, x):
     """(id, inner value) for an argument of a primitive seen by ``tape``."""
     if x.__class__ is Tensor:
         tr = x._trace
@@ -322,12 +322,21 @@ def _give_back(pool, handler, rec):
 
 
 def extra_clauses():
-    """Clauses every trace's handler has besides one per primitive: filled
-    by :mod:`kina_fx.autograd.custom` (custom_vjp/custom_jvp calls)."""
+    """Clauses every trace's handler has besides one per primitive (effect ->
+    (make_tape_clause, make_jvp_clause)): see :func:`register_clauses`."""
     return _EXTRA
 
 
-_EXTRA = {}     # effect -> (make_tape_clause(rec), make_jvp_clause(rec))
+_EXTRA = {}
+
+
+def register_clauses(effect, make_tape_clause, make_jvp_clause):
+    """Give every tape and jvp trace a clause for ``effect`` (not a primitive
+    of the table: :mod:`kina_fx.autograd.custom` uses it for custom_vjp and
+    custom_jvp calls).  ``make_*_clause(rec)`` builds the clause of one
+    handler; ``rec.tape`` is the trace using it."""
+    _EXTRA[effect] = (make_tape_clause, make_jvp_clause)
+    bump_generation()
 
 
 def _new_tape_handler():
@@ -436,13 +445,13 @@ def _binary_factory(prim):
                     ia = a._id
                     a = a._value
                 else:
-                    ia, a = _own(tape, a)
+                    ia, a = own(tape, a)
             if b.__class__ is Tensor:
                 if b._trace is tape:
                     ib = b._id
                     b = b._value
                 else:
-                    ib, b = _own(tape, b)
+                    ib, b = own(tape, b)
             out = perform(eff, a, b)
             i = tape._n
             if ib < 0:
@@ -476,7 +485,7 @@ def _general_factory(prim):
             ids = []
             inner = list(args)
             for k in range(nin):
-                i, inner[k] = _own(tape, args[k])
+                i, inner[k] = own(tape, args[k])
                 ids.append(i if diff[k] else -1)
             out = perform(eff, *inner)
             if _pymax(ids) < 0:
@@ -502,7 +511,7 @@ def _sequence_factory(prim):
             ids = []
             inner = []
             for x in xs:
-                i, v = _own(tape, x)
+                i, v = own(tape, x)
                 ids.append(i if diff else -1)
                 inner.append(v)
             inner = tuple(inner)
