@@ -9,7 +9,9 @@ status code (:func:`kina_fx.errors.status_of`) and its message goes to the
 thread-local ``kina_last_error``.  Nothing unwinds into C and nothing is printed.
 
 This module only translates between C and Python: descriptors become arrays in
-:mod:`kina_fx.memref`, the ops run in :mod:`kina_fx.gpu_ops`.
+:mod:`kina_fx.memref`, the ops run in :mod:`kina_fx.gpu_ops`; the op exports'
+callbacks are generated from the op table in :mod:`kina_fx.ffi_ops`, the tape
+ABI's are in :mod:`kina_fx.ffi_tapes`.
 
 :func:`load_library` opens the built library from Python (ABI mode), as the
 in-process tests and benchmarks do.
@@ -19,21 +21,10 @@ from __future__ import annotations
 import os
 import threading
 
-import numpy as np
-
-from . import ffi_effects, gpu_ops, memref
-from .errors import GpuError, InternalError, Status, ValidationError, status_of
-
-F32 = np.dtype(np.float32)
-F16 = np.dtype(np.float16)
-I64 = np.dtype(np.int64)
+from . import ffi_effects, ffi_ops, ffi_tapes, gpu_ops, memref
+from .errors import GpuError, InternalError, Status, status_of
 
 _lib = None  # the embedded module's lib, once attached
-
-# Memoised descriptor -> view caches of the CPU path, one per dtype and role.
-_VIEWS = {(dt, out): memref.ViewCache(dt, out) for dt in (F32, F16, I64) for out in (False, True)}
-_F32_IN = _VIEWS[(F32, False)].view
-_F32_OUT = _VIEWS[(F32, True)].view
 
 
 # ---- error translation -----------------------------------------------------------
@@ -61,112 +52,10 @@ def _onerror(exc_type, exc_value, _traceback):
         return int(Status.INTERNAL)
 
 
-# ---- arguments -----------------------------------------------------------------
-
-def _check_device_ordinal(ordinal: int) -> None:
-    count = 1
-    if gpu_ops.device() == "cuda":
-        count = gpu_ops.cupy_module().cuda.runtime.getDeviceCount()
-    if not 0 <= ordinal < count:
-        raise ValidationError(f"device {ordinal} out of range: {count} device(s) "
-                              f"on the {gpu_ops.device()} backend")
-
-
-class _Operands:
-    """Arrays for one call's memrefs on the selected backend.
-
-    CPU: zero-copy NumPy views (memoised, :class:`memref.ViewCache`).
-    CUDA: zero-copy CuPy views of device/managed memory; host memory the device
-    cannot address is staged, and staged outputs are written back by
-    :meth:`finish`.
-    """
-
-    __slots__ = ("xp", "_write_backs")
-
-    def __init__(self):
-        self.xp = gpu_ops.backend()
-        self._write_backs = []
-
-    def get(self, ptr, dtype, name, output=False):
-        if self.xp is np:
-            return _VIEWS[(dtype, output)].view(ptr, name)
-        d = memref.read_descriptor(ptr, name)
-        if output:
-            memref.check_output_layout(d, name)
-        arr = memref.cupy_view(d, dtype, self.xp, name)
-        if arr is None:
-            arr, write_back = memref.host_staged(d, dtype, self.xp, name)
-            if output:
-                self._write_backs.append(write_back)
-        return arr
-
-    def finish(self):
-        gpu_ops.synchronize(self.xp)
-        for write_back in self._write_backs:
-            write_back()
-
-
-# ---- the callbacks (one per KINA_EXPORTS line of kina_runtime.c) ------------------
-
-def _copy(dst, src, dtype):
-    ops = _Operands()
-    d = ops.get(dst, dtype, "dst", output=True)
-    s = ops.get(src, dtype, "src")
-    if d.shape != s.shape:
-        raise ValidationError(f"copy: dst shape {d.shape} differs from src shape {s.shape}")
-    d[...] = s
-    ops.finish()
-    return 0
-
-
-def kina_py_copy_to_device_f32(dst, src, device):
-    _check_device_ordinal(device)
-    return _copy(dst, src, F32)
-
-
-def kina_py_copy_to_device_f16(dst, src, device):
-    _check_device_ordinal(device)
-    return _copy(dst, src, F16)
-
-
-def kina_py_copy_to_host_f32(dst, src):
-    return _copy(dst, src, F32)
-
-
-def kina_py_gpu_matmul_f32(out, a, b):
-    if gpu_ops.device() == "cpu":  # the fast path: cached views, no _Operands object
-        gpu_ops.matmul(_F32_IN(a, "a"), _F32_IN(b, "b"), _F32_OUT(out, "out"))
-        return 0
-    ops = _Operands()
-    o = ops.get(out, F32, "out", output=True)
-    gpu_ops.matmul(ops.get(a, F32, "a"), ops.get(b, F32, "b"), o)
-    ops.finish()
-    return 0
-
-
-def kina_py_gpu_gather_f32(out, values, indices):
-    ops = _Operands()
-    o = ops.get(out, F32, "out", output=True)
-    gpu_ops.gather(ops.get(values, F32, "values"), ops.get(indices, I64, "indices"), o)
-    ops.finish()
-    return 0
-
-
-def kina_py_gpu_softmax_f32(out, x, axis):
-    ops = _Operands()
-    o = ops.get(out, F32, "out", output=True)
-    gpu_ops.softmax(ops.get(x, F32, "x"), axis, o)
-    ops.finish()
-    return 0
-
-
-def kina_py_gpu_repeat_interleave_f32(out, x, axis, reps):
-    ops = _Operands()
-    o = ops.get(out, F32, "out", output=True)
-    gpu_ops.repeat_interleave(ops.get(x, F32, "x"), reps, axis, o)
-    ops.finish()
-    return 0
-
+# ---- the callbacks of KINA_EXPORTS (kina_runtime.c) -------------------------------
+#
+# The copy and compute exports are rows of the runtime op table: their callbacks
+# are built in kina_fx.ffi_ops; the tape ABI's are in kina_fx.ffi_tapes.
 
 def kina_py_gpu_alloc_unranked(ptr, element_size):
     nbytes = memref.allocation_bytes(ptr, element_size, "memref")
@@ -194,6 +83,8 @@ def attach(ffi, lib) -> None:
     global _lib
     _lib = lib
     callbacks = dict(CALLBACKS)
+    callbacks.update(ffi_ops.CALLBACKS)
+    callbacks.update(ffi_tapes.CALLBACKS)
     callbacks.update(ffi_effects.attach(ffi))
     names = []
     i = 0
@@ -213,17 +104,11 @@ def attach(ffi, lib) -> None:
 # ---- loading the library from Python -------------------------------------------
 
 #: The C declarations of kina_fx.h that Python callers need (ABI mode).
-CDEF = """
+_BASE_CDEF = """
 typedef struct { int64_t rank; void *descriptor; } kina_unranked_memref_t;
+typedef uint64_t kina_tape_t;
 int32_t kina_abi_version(void);
 const char *kina_last_error(void);
-int32_t _mlir_ciface_runtime_copy_to_device_f32(kina_unranked_memref_t *, kina_unranked_memref_t *, int32_t);
-int32_t _mlir_ciface_runtime_copy_to_device_f16(kina_unranked_memref_t *, kina_unranked_memref_t *, int32_t);
-int32_t _mlir_ciface_runtime_copy_to_host_f32(kina_unranked_memref_t *, kina_unranked_memref_t *);
-int32_t _mlir_ciface_runtime_gpu_matmul_f32(kina_unranked_memref_t *, kina_unranked_memref_t *, kina_unranked_memref_t *);
-int32_t _mlir_ciface_runtime_gpu_gather_f32(kina_unranked_memref_t *, kina_unranked_memref_t *, kina_unranked_memref_t *);
-int32_t _mlir_ciface_runtime_gpu_softmax_f32(kina_unranked_memref_t *, kina_unranked_memref_t *, int32_t);
-int32_t _mlir_ciface_runtime_gpu_repeat_interleave_f32(kina_unranked_memref_t *, kina_unranked_memref_t *, int32_t, int32_t);
 int32_t _mlir_ciface_runtime_gpu_alloc_unranked(kina_unranked_memref_t *, int32_t);
 int32_t runtime_gpu_free_all(void);
 typedef uint64_t kina_fiber_t;
@@ -243,6 +128,8 @@ int32_t kina_perform(int32_t effect, const int64_t *args, int32_t nargs, int64_t
 int32_t kina_push_handler(kina_handler_fn fn, void *ctx, const int32_t *effects, int32_t neffects, kina_handler_t *out_handler);
 int32_t kina_pop_handler(kina_handler_t handler);
 """
+CDEF = _BASE_CDEF + ffi_ops.cdef() + ffi_tapes.CDEF
+
 
 _loaded = None
 _load_lock = threading.Lock()
