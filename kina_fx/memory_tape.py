@@ -178,8 +178,30 @@ class BufferTracer:
             tracer = tracer.parent
 
     def declare_constant(self, array) -> None:
+        """Record ``array``'s buffer as a constant input (its values are copied now)."""
         value = array_module(array).array(array, copy=True)
         self.table[buffer_key(array)] = _Entry(value, value, "constant")
+
+    def bind(self, array, tensor) -> None:
+        """Record that ``array``'s buffer holds ``tensor`` (a Python caller's traced argument)."""
+        self.table[buffer_key(array)] = _Entry(tensor, array_module(array).array(array, copy=True),
+                                               "given")
+
+    def produced(self, array, what: str):
+        """The Tensor a recorded op wrote into ``array``'s buffer.
+
+        TapeError if no recorded op wrote it (strict mode; lenient: the array
+        itself, a constant) or it was overwritten since."""
+        entry = self.table.get(buffer_key(array))
+        if entry is None or entry.kind != "produced":
+            if self.strict:
+                raise TapeError(f"{what} ({describe(array)}) was not written by a recorded "
+                                "runtime op, so its gradient is unknown (strict mode)")
+            return array
+        if not _unchanged(array, entry.value):
+            raise TapeError(f"{what} ({describe(array)}) was overwritten after the recorded "
+                            "op wrote it")
+        return entry.tensor
 
     def _clause(self, op):
         inputs = op.inputs
