@@ -84,11 +84,22 @@ def _raw(value):
     return value.data if isinstance(value, ad.Tensor) else value
 
 
+_SAME_SIZE_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
 def _unchanged(current, recorded) -> bool:
+    """Whether ``current`` holds exactly the recorded values, bit for bit.
+
+    Bitwise (not ``==``): NaNs compare equal to themselves and a rewritten
+    ``-0.0`` counts as a change, and it is one pass over memory, not several.
+    """
+    if current.shape != recorded.shape:
+        return False
+    if current.dtype == recorded.dtype and current.dtype.itemsize in _SAME_SIZE_UINT:
+        uint = _SAME_SIZE_UINT[current.dtype.itemsize]
+        return bool((current.view(uint) == recorded.view(uint)).all())
     xp = array_module(current)
-    if current.dtype.kind == "f":
-        return bool(xp.array_equal(current, recorded, equal_nan=True))
-    return bool(xp.array_equal(current, recorded))
+    return bool(xp.array_equal(current, recorded, equal_nan=current.dtype.kind == "f"))
 
 
 class _Entry:
