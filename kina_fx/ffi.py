@@ -10,9 +10,10 @@ message goes to the thread-local ``kina_last_error``.  Nothing unwinds into C
 and nothing is printed.
 
 The ffi layer only translates between C and Python: :mod:`kina_fx.ffi_effects`
-for the effects ABI, :mod:`kina_fx.ffi_memref` for the memref runtime
-(descriptors become arrays in :mod:`kina_fx.memref`, the ops run in
-:mod:`kina_fx.gpu_ops`).
+for the effects ABI, :mod:`kina_fx.ffi_memref` for the memref allocator,
+:mod:`kina_fx.ffi_ops` for the copy and compute exports (one callback per row of
+the runtime op table; descriptors become arrays in :mod:`kina_fx.memref`, the
+ops run in :mod:`kina_fx.gpu_ops`) and :mod:`kina_fx.ffi_tapes` for the tape ABI.
 
 :func:`load_library` opens the built library from Python (ABI mode), as the
 in-process tests and benchmarks do.
@@ -35,6 +36,8 @@ _lib = None  # the embedded module's lib, once attached
 CALLBACK_MODULES = {
     "kina_fx.ffi_effects": "eager",
     "kina_fx.ffi_memref": "lazy",
+    "kina_fx.ffi_ops": "lazy",
+    "kina_fx.ffi_tapes": "lazy",
 }
 
 
@@ -123,17 +126,11 @@ def _find_lazy(name: str):
 # ---- loading the library from Python -------------------------------------------
 
 #: The C declarations of kina_fx.h that Python callers need (ABI mode).
-CDEF = """
+_BASE_CDEF = """
 typedef struct { int64_t rank; void *descriptor; } kina_unranked_memref_t;
+typedef uint64_t kina_tape_t;
 int32_t kina_abi_version(void);
 const char *kina_last_error(void);
-int32_t _mlir_ciface_runtime_copy_to_device_f32(kina_unranked_memref_t *, kina_unranked_memref_t *, int32_t);
-int32_t _mlir_ciface_runtime_copy_to_device_f16(kina_unranked_memref_t *, kina_unranked_memref_t *, int32_t);
-int32_t _mlir_ciface_runtime_copy_to_host_f32(kina_unranked_memref_t *, kina_unranked_memref_t *);
-int32_t _mlir_ciface_runtime_gpu_matmul_f32(kina_unranked_memref_t *, kina_unranked_memref_t *, kina_unranked_memref_t *);
-int32_t _mlir_ciface_runtime_gpu_gather_f32(kina_unranked_memref_t *, kina_unranked_memref_t *, kina_unranked_memref_t *);
-int32_t _mlir_ciface_runtime_gpu_softmax_f32(kina_unranked_memref_t *, kina_unranked_memref_t *, int32_t);
-int32_t _mlir_ciface_runtime_gpu_repeat_interleave_f32(kina_unranked_memref_t *, kina_unranked_memref_t *, int32_t, int32_t);
 int32_t _mlir_ciface_runtime_gpu_alloc_unranked(kina_unranked_memref_t *, int32_t);
 int32_t runtime_gpu_free_all(void);
 typedef uint64_t kina_fiber_t;
@@ -153,6 +150,23 @@ int32_t kina_perform(int32_t effect, const int64_t *args, int32_t nargs, int64_t
 int32_t kina_push_handler(kina_handler_fn fn, void *ctx, const int32_t *effects, int32_t neffects, kina_handler_t *out_handler);
 int32_t kina_pop_handler(kina_handler_t handler);
 """
+
+
+def cdef() -> str:
+    """Every C declaration of kina_fx.h that Python callers need (``ffi.CDEF``).
+
+    Built on first use: the op exports' declarations come from the op table,
+    whose modules import NumPy."""
+    from . import ffi_ops, ffi_tapes
+
+    return _BASE_CDEF + ffi_ops.cdef() + ffi_tapes.CDEF
+
+
+def __getattr__(name):
+    if name == "CDEF":
+        return cdef()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _loaded = None
 _load_lock = threading.Lock()
@@ -183,6 +197,6 @@ def load_library():
             if not os.path.exists(path):
                 raise InternalError(f"{path} is missing: reinstall kina_fx (pip install -e .) to build it")
             c = cffi.FFI()
-            c.cdef(CDEF)
+            c.cdef(cdef())
             _loaded = (c, c.dlopen(path))
         return _loaded

@@ -331,6 +331,10 @@ class UnrankedMemref:
     def descriptor(self) -> Descriptor:
         return read_descriptor(self.struct)
 
+    def pointer_for(self, foreign_ffi):
+        """This memref as a ``kina_unranked_memref_t *`` of another cffi FFI instance."""
+        return foreign_ffi.cast("kina_unranked_memref_t *", self.address)
+
 
 def from_numpy(array: np.ndarray, offset_elements: int = 0) -> UnrankedMemref:
     """The unranked memref MLIR would pass for ``array`` (zero-copy, any strides).
@@ -354,3 +358,52 @@ def empty_descriptor(sizes) -> UnrankedMemref:
     """A descriptor with sizes but no storage: what an MLIR host passes to alloc."""
     sizes = list(sizes)
     return UnrankedMemref(None, len(sizes), [0, 0, 0, *sizes, *([0] * len(sizes))])
+
+
+# ---- public helpers: calling compiled code with arrays ---------------------------
+#
+# What MLIR's Python runtime offers as get_ranked_memref_descriptor /
+# ranked_memref_to_numpy, for NumPy and CuPy, with pointers usable by any
+# cffi FFI instance (kina_fx.ffi.load_library()'s, a compiled module's).
+
+def descriptor_of(array) -> UnrankedMemref:
+    """An unranked memref over ``array``'s memory (NumPy or CuPy; zero-copy, any strides).
+
+    ``.pointer_for(ffi)`` is what a C function declared in ``ffi`` takes; the
+    object keeps the array and the descriptor alive: hold it for the call.
+    """
+    if isinstance(array, np.generic):
+        array = np.asarray(array)
+    if isinstance(array, np.ndarray):
+        return from_numpy(array)
+    data = getattr(array, "data", None)
+    if data is None or not hasattr(data, "ptr"):
+        raise KinaTypeError(f"cannot pass a {type(array).__name__} as a memref "
+                            "(use a NumPy or CuPy array)")
+    item = array.dtype.itemsize
+    for s in array.strides:
+        if s % item:
+            raise ValidationError(f"stride {s} is not a multiple of the item size {item}")
+    words = [data.ptr, data.ptr, 0, *array.shape, *(s // item for s in array.strides)]
+    return UnrankedMemref(array, array.ndim, words)
+
+
+def array_of(ptr, dtype, name: str = "memref"):
+    """The array a memref describes: a zero-copy NumPy view (CuPy for device memory).
+
+    ``ptr`` is a ``kina_unranked_memref_t *`` of any FFI instance, an address,
+    or an :class:`UnrankedMemref`.
+    """
+    if isinstance(ptr, UnrankedMemref):
+        ptr = ptr.address
+    elif not isinstance(ptr, int):
+        ptr = int(ffi.cast("intptr_t", ptr))
+    d = read_descriptor(ptr, name)
+    from . import gpu_ops
+
+    cp = gpu_ops.cupy_module()
+    if cp is not None:
+        view = cupy_view(d, np.dtype(dtype), cp, name)
+        if view is not None:
+            return view
+    return numpy_view(d, np.dtype(dtype), name)

@@ -9,9 +9,12 @@
  * call the static `extern "Python"` function that kina_fx/ffi.py attaches with
  * @ffi.def_extern(error=5, onerror=...).
  *
- * Adding an export: one line in KINA_EXPORTS below (or, for the effects ABI,
- * in kina_effects_exports.h), its prototype in kina_fx.h, and a function of
- * the same Python name in kina_fx/ffi.py (kina_fx/ffi_effects.py).
+ * Adding an export: a row of the runtime op table (kina_fx/runtime_ops.py,
+ * which generates kina_runtime_ops.h and the kina_fx.h prototypes), or one line
+ * in KINA_EXPORTS below (kina_tape_exports.h for the tape ABI,
+ * kina_effects_exports.h for the effects ABI), its prototype in kina_fx.h, and
+ * a function of the same Python name in kina_fx/ffi.py (ffi_tapes.py,
+ * ffi_effects.py).
  * build.py reads KINA_EXPORTS to declare the `extern "Python"` functions.
  *
  * Nothing here keeps a pointer into a caller's stack beyond one call: hosts may
@@ -29,6 +32,8 @@
 
 #include "kina_fx.h"
 #include "kina_effects_exports.h"
+#include "kina_runtime_ops.h"
+#include "kina_tape_exports.h"
 
 #define KINA_API __attribute__((visibility("default")))
 
@@ -36,13 +41,6 @@
  * Every export returns an int32_t status.  Keep one entry per line: build.py
  * parses these lines. */
 #define KINA_EXPORTS(X) \
-    X(_mlir_ciface_runtime_copy_to_device_f32, kina_py_copy_to_device_f32, (kina_unranked_memref_t *dst, kina_unranked_memref_t *src, int32_t device), (dst, src, device)) \
-    X(_mlir_ciface_runtime_copy_to_device_f16, kina_py_copy_to_device_f16, (kina_unranked_memref_t *dst, kina_unranked_memref_t *src, int32_t device), (dst, src, device)) \
-    X(_mlir_ciface_runtime_copy_to_host_f32, kina_py_copy_to_host_f32, (kina_unranked_memref_t *dst, kina_unranked_memref_t *src), (dst, src)) \
-    X(_mlir_ciface_runtime_gpu_matmul_f32, kina_py_gpu_matmul_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b)) \
-    X(_mlir_ciface_runtime_gpu_gather_f32, kina_py_gpu_gather_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *values, kina_unranked_memref_t *indices), (out, values, indices)) \
-    X(_mlir_ciface_runtime_gpu_softmax_f32, kina_py_gpu_softmax_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis), (out, x, axis)) \
-    X(_mlir_ciface_runtime_gpu_repeat_interleave_f32, kina_py_gpu_repeat_interleave_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t reps), (out, x, axis, reps)) \
     X(_mlir_ciface_runtime_gpu_alloc_unranked, kina_py_gpu_alloc_unranked, (kina_unranked_memref_t *memref, int32_t element_size), (memref, element_size)) \
     X(runtime_gpu_free_all, kina_py_gpu_free_all, (void), ())
 
@@ -264,6 +262,8 @@ static int32_t kina__ensure_python(void)
     }
 
 KINA_EXPORTS(KINA_DEFINE_EXPORT)
+KINA_RUNTIME_OP_EXPORTS(KINA_DEFINE_EXPORT)
+KINA_TAPE_EXPORTS(KINA_DEFINE_EXPORT)
 KINA_EFFECT_EXPORTS(KINA_DEFINE_EXPORT)
 
 /* ---- C fast paths ---------------------------------------------------------- */
@@ -338,7 +338,8 @@ KINA_EFFECT_FAST_EXPORTS(KINA_DEFINE_FAST_EXPORT)
  * every one is attached. */
 #define KINA_NAME_OF(name, pyname, params, args) #pyname,
 static const char *const kina__callback_names[] = {
-    KINA_EXPORTS(KINA_NAME_OF) KINA_EFFECT_EXPORTS(KINA_NAME_OF)
+    KINA_EXPORTS(KINA_NAME_OF) KINA_RUNTIME_OP_EXPORTS(KINA_NAME_OF) KINA_TAPE_EXPORTS(KINA_NAME_OF)
+    KINA_EFFECT_EXPORTS(KINA_NAME_OF)
     KINA_EFFECT_FAST_EXPORTS(KINA_NAME_OF) NULL};
 
 static const char *kina__callback_name(int i)
