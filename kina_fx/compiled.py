@@ -16,8 +16,9 @@ A shared object compiled from MLIR exports ``_mlir_ciface_<fn>`` wrappers
 Arguments that are arrays (NumPy, CuPy) or :class:`kina_fx.autograd.Tensor`
 are passed as unranked memrefs over their memory (zero-copy); ints pass as
 they are.  The first ``outputs`` arguments are output buffers, returned after
-the call (one value, or a tuple).  A non-zero status raises the exception of
-that status with ``kina_last_error``'s text (:func:`kina_fx.errors.exception_for`).
+the call (one value, or a tuple).  A non-zero status raises the exception that
+caused it inside the runtime (e.g. ``TapeError``), or else the exception class
+of that status with ``kina_last_error``'s text (:func:`kina_fx.errors.exception_for`).
 
 **Gradients.**  When an argument is a traced Tensor (inside ``ad.grad``,
 ``ad.vjp``, ``ad.jvp`` or a ``Tape``), the call runs under a
@@ -118,6 +119,9 @@ class CompiledFunction:
         else:
             status = self._function(*c_args)
         if status:
+            original = ffi.take_last_exception(status)
+            if original is not None:
+                raise original
             text = self.module._kina_ffi.string(self.module._kina.kina_last_error()).decode("utf-8", "replace")
             raise exception_for(status, f"{self.name}: {text}")
         results = [args[i] if tracer is None else tracer.produced(arrays[i], f"{self.name}: output {i}")

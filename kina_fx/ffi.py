@@ -56,14 +56,32 @@ def status_and_message(exc: BaseException) -> tuple[int, str]:
     return status, f"{type(exc).__name__}: {exc}"
 
 
+_last = threading.local()
+
+
 def _onerror(exc_type, exc_value, _traceback):
     """cffi's onerror hook: record the message and return the status (never raises)."""
     try:
-        status, message = status_and_message(exc_value if exc_value is not None else exc_type())
+        exc = exc_value if exc_value is not None else exc_type()
+        status, message = status_and_message(exc)
         _lib.kina__set_last_error(message.encode("utf-8", "replace")[:1000])
+        _last.failure = (status, exc.with_traceback(None))
         return status
     except BaseException:  # even formatting failed: still a code, never a traceback
         return int(Status.INTERNAL)
+
+
+def take_last_exception(status: int) -> BaseException | None:
+    """The exception behind the last failed export on this thread, if it gave ``status``.
+
+    For Python code that called compiled code, which called the library: it
+    re-raises the original exception (a :class:`kina_fx.memory_tape.TapeError`,
+    say) rather than the generic class of its status.  Taken once."""
+    failure = getattr(_last, "failure", None)
+    _last.failure = None
+    if failure is None or failure[0] != status:
+        return None
+    return failure[1]
 
 
 # ---- binding the callbacks -----------------------------------------------------------
