@@ -326,7 +326,13 @@ class UnrankedMemref:
 
     @property
     def address(self) -> int:
+        """The address of the unranked memref ``{rank, descriptor}``."""
         return int(ffi.cast("intptr_t", self.struct))
+
+    @property
+    def descriptor_address(self) -> int:
+        """The address of the ranked descriptor (what MLIR passes for a ranked memref)."""
+        return int(ffi.cast("intptr_t", self.words))
 
     def descriptor(self) -> Descriptor:
         return read_descriptor(self.struct)
