@@ -93,11 +93,28 @@ class CompiledFunction:
         self.name = name
         self._function = function
         self._kinds = kinds
+        self._snapshots: dict = {}     # (shape, dtype) -> spare arrays for argument snapshots
         self.outputs = outputs
         self.strict = strict
 
     def __repr__(self):
         return f"<CompiledFunction {self.name} of {self.module.path}>"
+
+    def _snapshot(self, array):
+        # A copy of an argument's values for the tracer's overwrite check, in a
+        # reused buffer: a fresh one costs page faults on every call.
+        from .gpu_ops import array_module
+
+        spares = self._snapshots.get((array.shape, array.dtype.str))
+        copy = spares.pop() if spares else array_module(array).empty(array.shape, array.dtype)
+        array_module(array).copyto(copy, array)
+        return copy
+
+    def _release(self, snapshots):
+        for copy in snapshots:
+            spares = self._snapshots.setdefault((copy.shape, copy.dtype.str), [])
+            if len(spares) < 4:
+                spares.append(copy)
 
     def __call__(self, *args):
         if len(args) < self.outputs:
@@ -124,16 +141,16 @@ class CompiledFunction:
                 c_args.append(self.module.ffi.cast(RANKED, m.descriptor_address))
             arrays.append(m.array)
             if tracer is not None and i >= self.outputs:
-                if isinstance(a, ad.Tensor):
-                    tracer.bind(m.array, a)
-                else:
-                    tracer.declare_constant(m.array)
+                snapshot = self._snapshot(m.array)
+                keep.append(snapshot)
+                tracer.bind(m.array, a if isinstance(a, ad.Tensor) else m.array, snapshot)
         if tracer is not None:
             tracer.start()
             try:
                 status = self._function(*c_args)
             finally:
                 tracer.stop()
+                self._release([k for k in keep if not isinstance(k, memref.UnrankedMemref)])
         else:
             status = self._function(*c_args)
         if status:

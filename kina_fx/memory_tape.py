@@ -125,9 +125,7 @@ class BufferTracer:
         self.table: dict = {}
         self.parent: BufferTracer | None = None
         self.recording = False
-        fun = {op.effect: self._clause(op) for op in RUNTIME_OPS}
-        fun[CURRENT_TRACER] = lambda: self
-        self._handler = Handler(fun=fun)
+        self._handler = None      # (Handler, _Slot) while recording
 
     def __repr__(self):
         state = "recording" if self.recording else "stopped"
@@ -138,14 +136,26 @@ class BufferTracer:
         if self.recording:
             raise ValidationError(f"{self!r} is already recording")
         self.parent = current_tracer()
-        self._handler.__enter__()
+        handler, slot = _handlers.pop() if _handlers else _new_handler()
+        slot.tracer = self
+        try:
+            handler.__enter__()
+        except BaseException:
+            slot.tracer = None
+            raise
+        self._handler = (handler, slot)
         self.recording = True
 
     def stop(self) -> None:
         if not self.recording:
             raise ValidationError(f"{self!r} is not recording")
-        self._handler.__exit__(None, None, None)   # ValidationError unless innermost
+        handler, slot = self._handler
+        handler.__exit__(None, None, None)   # ValidationError unless innermost
+        slot.tracer = None
+        self._handler = None
         self.recording = False
+        if len(_handlers) < 16:
+            _handlers.append((handler, slot))
 
     def lookup(self, key):
         tracer = self
@@ -193,10 +203,13 @@ class BufferTracer:
         value = array_module(array).array(array, copy=True)
         self.table[buffer_key(array)] = _Entry(value, value, "constant")
 
-    def bind(self, array, tensor) -> None:
-        """Record that ``array``'s buffer holds ``tensor`` (a Python caller's traced argument)."""
-        self.table[buffer_key(array)] = _Entry(tensor, array_module(array).array(array, copy=True),
-                                               "given")
+    def bind(self, array, tensor, snapshot) -> None:
+        """Record that ``array``'s buffer holds ``tensor`` (a Python caller's argument:
+        a traced Tensor, or the array itself, a constant held by reference as
+        autograd holds its arguments); ``snapshot`` is a copy of its values,
+        for the overwrite check."""
+        kind = "given" if tensor is not array else "constant"
+        self.table[buffer_key(array)] = _Entry(tensor, snapshot, kind)
 
     def produced(self, array, what: str):
         """The Tensor a recorded op wrote into ``array``'s buffer.
@@ -214,19 +227,41 @@ class BufferTracer:
                             "op wrote it")
         return entry.tensor
 
-    def _clause(self, op):
-        inputs = op.inputs
-        n = len(inputs)
-        name = op.name
+    def apply(self, op, out, args):
+        """Answer runtime op ``op``'s effect: compute it with autograd, record the output."""
+        n = len(op.inputs)
+        arrays, params = args[:n], args[n:]
+        op.check_output(out, *arrays, *params)
+        tensors = [self.read(a, f"{op.name} input {o.name!r}", o.differentiable)
+                   for o, a in zip(op.inputs, arrays)]
+        self.record(out, op.differentiate(ad, *tensors, *params))
+        return out
 
+
+class _Slot:
+    """What a pooled handler's clauses read: the tracer now using it."""
+
+    __slots__ = ("tracer",)
+
+    def __init__(self):
+        self.tracer = None
+
+
+# Handlers of stopped tracers, reused: building one (a clause per runtime op)
+# costs more than a small compiled function's whole call.
+_handlers: list = []
+
+
+def _new_handler():
+    slot = _Slot()
+
+    def clause_for(op):
         def clause(out, *args):
-            arrays, params = args[:n], args[n:]
-            op.check_output(out, *arrays, *params)
-            tensors = [self.read(a, f"{name} input {o.name!r}", o.differentiable)
-                       for o, a in zip(inputs, arrays)]
-            self.record(out, op.differentiate(ad, *tensors, *params))
-            return out
+            return slot.tracer.apply(op, out, args)
         return clause
+    fun = {op.effect: clause_for(op) for op in RUNTIME_OPS}
+    fun[CURRENT_TRACER] = lambda: slot.tracer
+    return Handler(fun=fun), slot
 
 
 _DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float16), 3: np.dtype(np.int64)}   # KINA_DTYPE_*
