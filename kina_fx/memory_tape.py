@@ -40,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import autograd as ad
-from . import fibers
+from . import fibers, memref
 from .errors import KinaTypeError, ValidationError
 from .gpu_ops import array_module
 from .handlers import Effect, Handler, perform
@@ -65,12 +65,7 @@ def current_tracer() -> "BufferTracer | None":
 
 def buffer_key(array) -> tuple:
     """The identity of the tensor a buffer holds: (data address, shape, strides in elements, dtype)."""
-    if isinstance(array, np.ndarray):
-        address = array.__array_interface__["data"][0]
-    else:  # a CuPy array
-        address = array.data.ptr
-    item = array.dtype.itemsize
-    return (address, tuple(array.shape), tuple(s // item for s in array.strides), array.dtype.str)
+    return memref.identity(array)
 
 
 def describe(array) -> str:

@@ -195,11 +195,39 @@ def host_staged(d: Descriptor, dtype, cp, name: str = "memref"):
     """
     host = numpy_view(d, dtype, name)
     dev = cp.asarray(host)
+    _staged[id(dev)] = (dev, identity(host))
 
     def write_back():
         host[...] = cp.asnumpy(dev)
 
     return dev, write_back
+
+
+#: Device copies made by host_staged -> the identity of the host memory they
+#: stand for (released by release_staged when the call is over).
+_staged: dict = {}
+
+
+def release_staged(arrays) -> None:
+    """Forget the staged copies among ``arrays`` (the call that used them is over)."""
+    for a in arrays:
+        _staged.pop(id(a), None)
+
+
+def identity(array) -> tuple:
+    """What memory an array views: (address of its first element, shape, strides
+    in elements, dtype string).  A device copy of host memory made by
+    :func:`host_staged` has the identity of that host memory.  Tapes identify
+    tensors by this (docs/autograd-abi.md)."""
+    hit = _staged.get(id(array))
+    if hit is not None and hit[0] is array:
+        return hit[1]
+    if isinstance(array, np.ndarray):
+        address = array.__array_interface__["data"][0]
+    else:  # a CuPy array
+        address = array.data.ptr
+    item = array.dtype.itemsize
+    return (address, tuple(array.shape), tuple(s // item for s in array.strides), array.dtype.str)
 
 
 def write_allocation(ptr, address: int, element_size: int, name: str = "memref") -> Descriptor:
