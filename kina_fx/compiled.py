@@ -1,21 +1,25 @@
 """Calling compiled code (MLIR, C) with arrays, and differentiating through it.
 
 A shared object compiled from MLIR exports ``_mlir_ciface_<fn>`` wrappers
-(``llvm.emit_c_interface``) that take memrefs as ``kina_unranked_memref_t *``::
+(``llvm.emit_c_interface``).  A wrapper takes each memref by pointer: a ranked
+``memref<?x?xf32>`` as a pointer to its descriptor, declared
+``kina_memref_descriptor_t *``; an unranked ``memref<*xf32>`` as
+``kina_unranked_memref_t *``::
 
     from kina_fx import compiled
     mod = compiled.load("mlp.so", '''
-        int32_t _mlir_ciface_mlp_loss(kina_unranked_memref_t *loss, kina_unranked_memref_t *x,
-                                      kina_unranked_memref_t *labels, kina_unranked_memref_t *w1,
-                                      kina_unranked_memref_t *b1, kina_unranked_memref_t *w2,
-                                      kina_unranked_memref_t *b2);
+        int32_t _mlir_ciface_mlp_loss(kina_memref_descriptor_t *loss, kina_memref_descriptor_t *x,
+                                      kina_memref_descriptor_t *labels, kina_memref_descriptor_t *w1,
+                                      kina_memref_descriptor_t *b1, kina_memref_descriptor_t *w2,
+                                      kina_memref_descriptor_t *b2);
     ''')
     mlp_loss = mod.function("_mlir_ciface_mlp_loss", outputs=1)
     loss = mlp_loss(np.zeros((), np.float32), x, labels, w1, b1, w2, b2)
 
 Arguments that are arrays (NumPy, CuPy) or :class:`kina_fx.autograd.Tensor`
-are passed as unranked memrefs over their memory (zero-copy); ints pass as
-they are.  The first ``outputs`` arguments are output buffers, returned after
+are passed as memrefs over their memory (zero-copy), in the form the
+declaration names; ints pass as they are.  A ranked parameter's rank is not in
+its C type: pass arrays of the rank the MLIR function declares.  The first ``outputs`` arguments are output buffers, returned after
 the call (one value, or a tuple).  A non-zero status raises the exception of
 that status with ``kina_last_error``'s text (:func:`kina_fx.errors.exception_for`).
 
@@ -51,6 +55,8 @@ class CompiledModule:
         self.path = os.path.abspath(path)
         self.ffi = cffi.FFI()
         self.ffi.cdef("typedef struct { int64_t rank; void *descriptor; } kina_unranked_memref_t;\n"
+                      "typedef struct { void *allocated; void *aligned; int64_t offset; "
+                      "int64_t sizes_and_strides[]; } kina_memref_descriptor_t;\n"
                       + declarations)
         self.lib = self.ffi.dlopen(self.path)
 
@@ -81,6 +87,8 @@ class CompiledFunction:
         self._function = function
         self.outputs = outputs
         self.strict = strict
+        parameters = module.ffi.typeof(function).args
+        self._ranked = tuple(p.cname == "kina_memref_descriptor_t *" for p in parameters)
 
     def __repr__(self):
         return f"<CompiledFunction {self.name} of {self.module.path}>"
@@ -102,7 +110,9 @@ class CompiledFunction:
                 raise TypeError(f"{self.name}: output {i} must be an array to write into, not a Tensor")
             m = memref.descriptor_of(array)
             keep.append(m)
-            c_args.append(m.pointer_for(self.module.ffi))
+            ranked = i < len(self._ranked) and self._ranked[i]
+            c_args.append(m.descriptor_pointer_for(self.module.ffi) if ranked
+                          else m.pointer_for(self.module.ffi))
             arrays.append(m.array)
             if tracer is not None and i >= self.outputs:
                 if isinstance(a, ad.Tensor):

@@ -11,8 +11,9 @@ output buffer, and remembers that the output buffer now holds the result.
 
 **Identity.**  A buffer is identified by its memref: the address of its first
 element (``aligned + offset * itemsize``), its sizes, its strides and its
-element type (:func:`buffer_key`).  Two memrefs that differ in any of these
-(a subview, a reshaped alias) are different tensors to a tape.
+element type (:func:`buffer_key`; the stride of a length-1 dimension does not
+count).  Two memrefs that differ in any of these (a subview, a reshaped alias)
+are different tensors to a tape.
 
 **Copies and overwrites.**  The tracer keeps the value of every buffer it
 knows (autograd keeps what backward needs), so the host may reuse memory.  A
@@ -64,13 +65,21 @@ def current_tracer() -> "BufferTracer | None":
 
 
 def buffer_key(array) -> tuple:
-    """The identity of the tensor a buffer holds: (data address, shape, strides in elements, dtype)."""
+    """The identity of the tensor a buffer holds: (data address, shape, strides in elements, dtype).
+
+    The stride of a length-1 dimension never moves and MLIR leaves it
+    arbitrary (the runtime's views make it 0), so it counts as 0; a buffer
+    without elements has no address to tell it apart by."""
+    shape = tuple(array.shape)
+    if 0 in shape:
+        return (0, shape, (0,) * len(shape), array.dtype.str)
     if isinstance(array, np.ndarray):
         address = array.__array_interface__["data"][0]
     else:  # a CuPy array
         address = array.data.ptr
     item = array.dtype.itemsize
-    return (address, tuple(array.shape), tuple(s // item for s in array.strides), array.dtype.str)
+    strides = tuple(0 if n == 1 else s // item for n, s in zip(shape, array.strides))
+    return (address, shape, strides, array.dtype.str)
 
 
 def describe(array) -> str:
@@ -133,7 +142,13 @@ class BufferTracer:
     def stop(self) -> None:
         if not self.recording:
             raise ValidationError(f"{self!r} is not recording")
-        self._handler.__exit__(None, None, None)   # ValidationError unless innermost
+        try:
+            self._handler.__exit__(None, None, None)
+        except ValidationError:
+            # The stack's own message spells out every clause of the handler.
+            raise ValidationError(f"{self!r} is not the innermost handler of this fiber: "
+                                  "end the tapes (pop the handlers) begun after it first, on the "
+                                  "fiber that began it") from None
         self.recording = False
 
     def lookup(self, key):

@@ -335,6 +335,11 @@ class UnrankedMemref:
         """This memref as a ``kina_unranked_memref_t *`` of another cffi FFI instance."""
         return foreign_ffi.cast("kina_unranked_memref_t *", self.address)
 
+    def descriptor_pointer_for(self, foreign_ffi):
+        """The ranked descriptor as a ``kina_memref_descriptor_t *`` of another cffi FFI
+        instance: what an ``llvm.emit_c_interface`` wrapper takes for a ranked memref."""
+        return foreign_ffi.cast("kina_memref_descriptor_t *", int(ffi.cast("intptr_t", self.words)))
+
 
 def from_numpy(array: np.ndarray, offset_elements: int = 0) -> UnrankedMemref:
     """The unranked memref MLIR would pass for ``array`` (zero-copy, any strides).

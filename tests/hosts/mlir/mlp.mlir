@@ -14,6 +14,7 @@
 //   @mlp_grads         loss and d loss / d (w1, b1, w2, b2) through a tape
 //   @mlp_grads_loops   the same around @mlp_loss_loops (fails in strict mode)
 //   @mlp_problem       fills a deterministic problem of any size
+//   @relu_any          relu over unranked memrefs (kina_unranked_memref_t *)
 //   @main              for mlir-cpu-runner-19: N=6, D=4, H=5, C=3; prints the
 //                      gradients, a checksum, and the tape's error reports
 // Every function returns the first non-zero status it met (KINA_STATUS_*).
@@ -131,6 +132,13 @@ module {
       attributes {llvm.emit_c_interface} {
     %true = arith.constant true
     %s = call @mlp_forward(%true, %loss, %x, %labels, %w1, %b1, %w2, %b2) : (i1, !m0, !m2, !l1, !m2, !m1, !m2, !m1) -> i32
+    return %s : i32
+  }
+
+  // An export over unranked memrefs (its C interface takes kina_unranked_memref_t *,
+  // the other form kina_fx.compiled passes): out = relu(x) for any shape.
+  func.func @relu_any(%out: memref<*xf32>, %x: memref<*xf32>) -> i32 attributes {llvm.emit_c_interface} {
+    %s = call @runtime_relu_f32(%out, %x) : (memref<*xf32>, memref<*xf32>) -> i32
     return %s : i32
   }
 
@@ -333,8 +341,8 @@ module {
   llvm.func @kina_last_error() -> !llvm.ptr
   llvm.mlir.global internal constant @fmt_status("status %s %d\0A\00") {addr_space = 0 : i32}
   llvm.mlir.global internal constant @fmt_error("error %s: %s\0A\00") {addr_space = 0 : i32}
-  llvm.mlir.global internal constant @fmt_value("%s %ld %.9g\0A\00") {addr_space = 0 : i32}
-  llvm.mlir.global internal constant @fmt_scalar("%s %.17g\0A\00") {addr_space = 0 : i32}
+  llvm.mlir.global internal constant @fmt_value("value %s %ld %.9g\0A\00") {addr_space = 0 : i32}
+  llvm.mlir.global internal constant @fmt_scalar("value %s 0 %.17g\0A\00") {addr_space = 0 : i32}
   llvm.mlir.global internal constant @name_grads("mlp_grads\00") {addr_space = 0 : i32}
   llvm.mlir.global internal constant @name_loops("mlp_grads_loops\00") {addr_space = 0 : i32}
   llvm.mlir.global internal constant @name_overwritten("overwritten_loss\00") {addr_space = 0 : i32}
@@ -344,6 +352,19 @@ module {
   llvm.mlir.global internal constant @name_gb1("gb1\00") {addr_space = 0 : i32}
   llvm.mlir.global internal constant @name_gw2("gw2\00") {addr_space = 0 : i32}
   llvm.mlir.global internal constant @name_gb2("gb2\00") {addr_space = 0 : i32}
+  llvm.mlir.global internal constant @name_begin_bad_flags("begin_bad_flags\00") {addr_space = 0 : i32}
+  llvm.mlir.global internal constant @name_backward_before_end("backward_before_end\00") {addr_space = 0 : i32}
+  llvm.mlir.global internal constant @name_end_twice("end_twice\00") {addr_space = 0 : i32}
+  llvm.mlir.global internal constant @name_watch_after_end("watch_after_end\00") {addr_space = 0 : i32}
+  llvm.mlir.global internal constant @name_grad_before_backward("grad_before_backward\00") {addr_space = 0 : i32}
+  llvm.mlir.global internal constant @name_backward_not_produced("backward_not_produced\00") {addr_space = 0 : i32}
+  llvm.mlir.global internal constant @name_cotangent_shape("cotangent_shape\00") {addr_space = 0 : i32}
+  llvm.mlir.global internal constant @name_backward_ok("backward_ok\00") {addr_space = 0 : i32}
+  llvm.mlir.global internal constant @name_grad_unwatched("grad_unwatched\00") {addr_space = 0 : i32}
+  llvm.mlir.global internal constant @name_free_ok("free_ok\00") {addr_space = 0 : i32}
+  llvm.mlir.global internal constant @name_stale_handle("stale_handle\00") {addr_space = 0 : i32}
+  llvm.mlir.global internal constant @name_freed_twice("freed_twice\00") {addr_space = 0 : i32}
+  llvm.mlir.global internal constant @name_setup("setup\00") {addr_space = 0 : i32}
 
   func.func private @print_status(%name: !llvm.ptr, %status: i32) {
     %fmt = llvm.mlir.addressof @fmt_status : !llvm.ptr
@@ -432,6 +453,95 @@ module {
     return %r : i32
   }
 
+  // The tape ABI's answers to misuse, in the order a confused host might make
+  // them; each is printed as "status <name> <code>" (and its error text).
+  // test_mlir_tape.py holds the expected code and message of each name and
+  // checks tape_host.c's run with the same table.
+  func.func private @bad_inputs(%x: !m2, %w1: !m2, %b1: !m1) {
+    %c0 = arith.constant 0 : index
+    %c1 = arith.constant 1 : index
+    %strict = arith.constant 0 : i32
+    %bogus_flags = arith.constant 7 : i32
+    %one = arith.constant 1.0 : f32
+    %n = memref.dim %x, %c0 : !m2
+    %d = memref.dim %x, %c1 : !m2
+    %h = memref.dim %w1, %c1 : !m2
+    %cell = memref.alloca() : memref<1xi64>
+    %ucell = memref.cast %cell : memref<1xi64> to memref<*xi64>
+    %z = memref.alloc(%n, %h) : memref<?x?xf32>
+    %zcot = memref.alloc(%n, %h) : memref<?x?xf32>
+    %xcot = memref.alloc(%n, %d) : memref<?x?xf32>
+    %gw1 = memref.alloc(%d, %h) : memref<?x?xf32>
+    %gx = memref.alloc(%n, %d) : memref<?x?xf32>
+    linalg.fill ins(%one : f32) outs(%zcot : memref<?x?xf32>)
+    linalg.fill ins(%one : f32) outs(%xcot : memref<?x?xf32>)
+    %uz = memref.cast %z : memref<?x?xf32> to memref<*xf32>
+    %uzcot = memref.cast %zcot : memref<?x?xf32> to memref<*xf32>
+    %uxcot = memref.cast %xcot : memref<?x?xf32> to memref<*xf32>
+    %ugw1 = memref.cast %gw1 : memref<?x?xf32> to memref<*xf32>
+    %ugx = memref.cast %gx : memref<?x?xf32> to memref<*xf32>
+    %ux = memref.cast %x : !m2 to memref<*xf32>
+    %uw1 = memref.cast %w1 : !m2 to memref<*xf32>
+    %ub1 = memref.cast %b1 : !m1 to memref<*xf32>
+
+    %s1 = call @kina_tape_begin(%ucell, %bogus_flags) : (memref<*xi64>, i32) -> i32
+    %n1 = llvm.mlir.addressof @name_begin_bad_flags : !llvm.ptr
+    call @print_status(%n1, %s1) : (!llvm.ptr, i32) -> ()
+
+    // A tape recording z = x @ w1.
+    %sb = call @kina_tape_begin(%ucell, %strict) : (memref<*xi64>, i32) -> i32
+    %tape = memref.load %cell[%c0] : memref<1xi64>
+    %sw = call @kina_tape_watch_f32(%tape, %uw1) : (i64, memref<*xf32>) -> i32
+    %sc = call @kina_tape_constant_f32(%tape, %ux) : (i64, memref<*xf32>) -> i32
+    %sm = call @runtime_gpu_matmul_f32(%uz, %ux, %uw1) : (memref<*xf32>, memref<*xf32>, memref<*xf32>) -> i32
+    %e1 = arith.ori %sb, %sw : i32
+    %e2 = arith.ori %e1, %sc : i32
+    %e3 = arith.ori %e2, %sm : i32
+    %nsetup = llvm.mlir.addressof @name_setup : !llvm.ptr
+    call @print_status(%nsetup, %e3) : (!llvm.ptr, i32) -> ()
+
+    %s2 = call @kina_tape_backward_f32(%tape, %uz, %uzcot) : (i64, memref<*xf32>, memref<*xf32>) -> i32
+    %n2 = llvm.mlir.addressof @name_backward_before_end : !llvm.ptr
+    call @print_status(%n2, %s2) : (!llvm.ptr, i32) -> ()
+    %se = call @kina_tape_end(%tape) : (i64) -> i32
+    %s3 = call @kina_tape_end(%tape) : (i64) -> i32
+    %n3 = llvm.mlir.addressof @name_end_twice : !llvm.ptr
+    call @print_status(%n3, %s3) : (!llvm.ptr, i32) -> ()
+    %s4 = call @kina_tape_watch_f32(%tape, %ub1) : (i64, memref<*xf32>) -> i32
+    %n4 = llvm.mlir.addressof @name_watch_after_end : !llvm.ptr
+    call @print_status(%n4, %s4) : (!llvm.ptr, i32) -> ()
+    %s5 = call @kina_tape_grad_f32(%tape, %uw1, %ugw1) : (i64, memref<*xf32>, memref<*xf32>) -> i32
+    %n5 = llvm.mlir.addressof @name_grad_before_backward : !llvm.ptr
+    call @print_status(%n5, %s5) : (!llvm.ptr, i32) -> ()
+    %s6 = call @kina_tape_backward_f32(%tape, %ux, %uxcot) : (i64, memref<*xf32>, memref<*xf32>) -> i32
+    %n6 = llvm.mlir.addressof @name_backward_not_produced : !llvm.ptr
+    call @print_status(%n6, %s6) : (!llvm.ptr, i32) -> ()
+    %s7 = call @kina_tape_backward_f32(%tape, %uz, %uxcot) : (i64, memref<*xf32>, memref<*xf32>) -> i32
+    %n7 = llvm.mlir.addressof @name_cotangent_shape : !llvm.ptr
+    call @print_status(%n7, %s7) : (!llvm.ptr, i32) -> ()
+    %s8 = call @kina_tape_backward_f32(%tape, %uz, %uzcot) : (i64, memref<*xf32>, memref<*xf32>) -> i32
+    %n8 = llvm.mlir.addressof @name_backward_ok : !llvm.ptr
+    call @print_status(%n8, %s8) : (!llvm.ptr, i32) -> ()
+    %s9 = call @kina_tape_grad_f32(%tape, %ux, %ugx) : (i64, memref<*xf32>, memref<*xf32>) -> i32
+    %n9 = llvm.mlir.addressof @name_grad_unwatched : !llvm.ptr
+    call @print_status(%n9, %s9) : (!llvm.ptr, i32) -> ()
+    %s10 = call @kina_tape_free(%tape) : (i64) -> i32
+    %n10 = llvm.mlir.addressof @name_free_ok : !llvm.ptr
+    call @print_status(%n10, %s10) : (!llvm.ptr, i32) -> ()
+    %s11 = call @kina_tape_watch_f32(%tape, %uw1) : (i64, memref<*xf32>) -> i32
+    %n11 = llvm.mlir.addressof @name_stale_handle : !llvm.ptr
+    call @print_status(%n11, %s11) : (!llvm.ptr, i32) -> ()
+    %s12 = call @kina_tape_free(%tape) : (i64) -> i32
+    %n12 = llvm.mlir.addressof @name_freed_twice : !llvm.ptr
+    call @print_status(%n12, %s12) : (!llvm.ptr, i32) -> ()
+    memref.dealloc %z : memref<?x?xf32>
+    memref.dealloc %zcot : memref<?x?xf32>
+    memref.dealloc %xcot : memref<?x?xf32>
+    memref.dealloc %gw1 : memref<?x?xf32>
+    memref.dealloc %gx : memref<?x?xf32>
+    return
+  }
+
   func.func @main() -> i32 {
     %c0 = arith.constant 0 : index
     %c3 = arith.constant 3 : index
@@ -502,6 +612,8 @@ module {
         : (!m0, !m2, !l1, !m2, !m1, !m2, !m1) -> i32
     %nover = llvm.mlir.addressof @name_overwritten : !llvm.ptr
     call @print_status(%nover, %so) : (!llvm.ptr, i32) -> ()
+
+    call @bad_inputs(%x, %w1, %b1) : (!m2, !m2, !m1) -> ()
 
     memref.dealloc %x0 : memref<6x4xf32>
     memref.dealloc %labels0 : memref<6xi64>
