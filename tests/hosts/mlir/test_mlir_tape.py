@@ -382,7 +382,7 @@ def test_ad_jvp_through_the_compiled_forward(mlp, problem, reference, no_leftove
 
 @needs_mlir
 def test_hessian_vector_product_through_the_compiled_forward(mlp, problem, reference, no_leftovers):
-    """grad of (grad . v) with the compiled forward inside both levels."""
+    """grad of (grad . v), and jvp of grad, with the compiled forward inside both levels."""
     v = direction(problem)
     loss = compiled_loss(mlp, problem)
 
@@ -392,10 +392,12 @@ def test_hessian_vector_product_through_the_compiled_forward(mlp, problem, refer
         for g, d in zip(gs[1:], v[1:]):
             total = ad.add(total, ad.sum(ad.mul(g, d)))
         return total
-    hvp = ad.grad(directional, argnums=(0, 1, 2, 3))(*problem.params)
-    for name, h, want, central in zip(PARAMS, hvp, reference.hvp, reference.hvp_central):
-        np.testing.assert_allclose(np.asarray(h), want, rtol=1e-5, atol=1e-6, err_msg=name)
-        np.testing.assert_allclose(np.asarray(h), central, rtol=1e-3, atol=1e-5, err_msg=name)
+    reverse_over_reverse = ad.grad(directional, argnums=(0, 1, 2, 3))(*problem.params)
+    _, forward_over_reverse = ad.jvp(ad.grad(loss, argnums=(0, 1, 2, 3)), tuple(problem.params), tuple(v))
+    for hvp in (reverse_over_reverse, forward_over_reverse):
+        for name, h, want, central in zip(PARAMS, hvp, reference.hvp, reference.hvp_central):
+            np.testing.assert_allclose(np.asarray(h), want, rtol=1e-5, atol=1e-6, err_msg=name)
+            np.testing.assert_allclose(np.asarray(h), central, rtol=1e-3, atol=1e-5, err_msg=name)
 
 
 @needs_mlir
