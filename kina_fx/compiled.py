@@ -1,14 +1,17 @@
 """Calling compiled code (MLIR, C) with arrays, and differentiating through it.
 
 A shared object compiled from MLIR exports ``_mlir_ciface_<fn>`` wrappers
-(``llvm.emit_c_interface``) that take memrefs as ``kina_unranked_memref_t *``::
+(``llvm.emit_c_interface``).  A wrapper takes each memref by pointer: a ranked
+``memref<?x?xf32>`` as a pointer to its descriptor, declared
+``kina_memref_descriptor_t *``; an unranked ``memref<*xf32>`` as
+``kina_unranked_memref_t *``::
 
     from kina_fx import compiled
     mod = compiled.load("mlp.so", '''
-        int32_t _mlir_ciface_mlp_loss(kina_unranked_memref_t *loss, kina_unranked_memref_t *x,
-                                      kina_unranked_memref_t *labels, kina_unranked_memref_t *w1,
-                                      kina_unranked_memref_t *b1, kina_unranked_memref_t *w2,
-                                      kina_unranked_memref_t *b2);
+        int32_t _mlir_ciface_mlp_loss(kina_memref_descriptor_t *loss, kina_memref_descriptor_t *x,
+                                      kina_memref_descriptor_t *labels, kina_memref_descriptor_t *w1,
+                                      kina_memref_descriptor_t *b1, kina_memref_descriptor_t *w2,
+                                      kina_memref_descriptor_t *b2);
     ''')
     mlp_loss = mod.function("_mlir_ciface_mlp_loss", outputs=1)
     loss = mlp_loss(np.zeros((), np.float32), x, labels, w1, b1, w2, b2)
@@ -17,11 +20,13 @@ Arguments that are arrays (NumPy, CuPy) or :class:`kina_fx.autograd.Tensor`
 are passed as memrefs over their memory (zero-copy): a parameter declared
 ``kina_unranked_memref_t *`` gets an unranked memref (``memref<*xf32>``), one
 declared ``kina_memref_descriptor_t *`` the ranked descriptor that
-``llvm.emit_c_interface`` passes for a ranked ``memref<?x?xf32>`` (the array's
-rank must be the parameter's); other parameters take ints as they are.  The first ``outputs`` arguments are output buffers, returned after
-the call (one value, or a tuple).  A non-zero status raises the exception that
-caused it inside the runtime (e.g. ``TapeError``), or else the exception class
-of that status with ``kina_last_error``'s text (:func:`kina_fx.errors.exception_for`).
+``llvm.emit_c_interface`` passes for a ranked ``memref<?x?xf32>`` (its rank is
+not in the C type: pass arrays of the rank the MLIR function declares); other
+parameters take ints as they are.  The first ``outputs`` arguments are output
+buffers, returned after the call (one value, or a tuple).  A non-zero status
+raises the exception that caused it inside the runtime (e.g. ``TapeError``), or
+else the exception class of that status with ``kina_last_error``'s text
+(:func:`kina_fx.errors.exception_for`).
 
 **Gradients.**  When an argument is a traced Tensor (inside ``ad.grad``,
 ``ad.vjp``, ``ad.jvp`` or a ``Tape``), the call runs under a
@@ -138,7 +143,7 @@ class CompiledFunction:
             if kind == UNRANKED:
                 c_args.append(m.pointer_for(self.module.ffi))
             else:       # a ranked memref<...> parameter: MLIR passes its descriptor itself
-                c_args.append(self.module.ffi.cast(RANKED, m.descriptor_address))
+                c_args.append(m.descriptor_pointer_for(self.module.ffi))
             arrays.append(m.array)
             if tracer is not None and i >= self.outputs:
                 snapshot = self._snapshot(m.array)

@@ -11,8 +11,9 @@ output buffer, and remembers that the output buffer now holds the result.
 
 **Identity.**  A buffer is identified by its memref: the address of its first
 element (``aligned + offset * itemsize``), its sizes, its strides and its
-element type (:func:`buffer_key`).  Two memrefs that differ in any of these
-(a subview, a reshaped alias) are different tensors to a tape.
+element type (:func:`buffer_key`; the stride of a length-1 dimension does not
+count).  Two memrefs that differ in any of these (a subview, a reshaped alias)
+are different tensors to a tape.
 
 **Copies and overwrites.**  The tracer keeps the value of every buffer it
 knows (autograd keeps what backward needs), so the host may reuse memory.  A
@@ -145,7 +146,13 @@ class BufferTracer:
         if not self.recording:
             raise ValidationError(f"{self!r} is not recording")
         handler, slot = self._handler
-        handler.__exit__(None, None, None)   # ValidationError unless innermost
+        try:
+            handler.__exit__(None, None, None)
+        except ValidationError:
+            # The stack's own message spells out every clause of the handler.
+            raise ValidationError(f"{self!r} is not the innermost handler of this fiber: "
+                                  "end the tapes (pop the handlers) begun after it first, on the "
+                                  "fiber that began it") from None
         slot.tracer = None
         self._handler = None
         self.recording = False

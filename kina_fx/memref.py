@@ -216,18 +216,25 @@ def release_staged(arrays) -> None:
 
 def identity(array) -> tuple:
     """What memory an array views: (address of its first element, shape, strides
-    in elements, dtype string).  A device copy of host memory made by
+    in elements, dtype string; a length-1 dimension's stride counts as 0, an
+    empty array has address 0).  A device copy of host memory made by
     :func:`host_staged` has the identity of that host memory.  Tapes identify
     tensors by this (docs/autograd-abi.md)."""
     hit = _staged.get(id(array))
     if hit is not None and hit[0] is array:
         return hit[1]
+    shape = tuple(array.shape)
+    if 0 in shape:          # no element, no address to tell it apart by
+        return (0, shape, (0,) * len(shape), array.dtype.str)
     if isinstance(array, np.ndarray):
         address = array.__array_interface__["data"][0]
     else:  # a CuPy array
         address = array.data.ptr
     item = array.dtype.itemsize
-    return (address, tuple(array.shape), tuple(s // item for s in array.strides), array.dtype.str)
+    # The stride of a length-1 dimension never moves and MLIR leaves it
+    # arbitrary (the runtime's views make it 0): it counts as 0.
+    strides = tuple(0 if n == 1 else s // item for n, s in zip(shape, array.strides))
+    return (address, shape, strides, array.dtype.str)
 
 
 def write_allocation(ptr, address: int, element_size: int, name: str = "memref") -> Descriptor:
@@ -357,10 +364,6 @@ class UnrankedMemref:
         """The address of the unranked memref ``{rank, descriptor}``."""
         return int(ffi.cast("intptr_t", self.struct))
 
-    @property
-    def descriptor_address(self) -> int:
-        """The address of the ranked descriptor (what MLIR passes for a ranked memref)."""
-        return int(ffi.cast("intptr_t", self.words))
 
     def descriptor(self) -> Descriptor:
         return read_descriptor(self.struct)
@@ -368,6 +371,11 @@ class UnrankedMemref:
     def pointer_for(self, foreign_ffi):
         """This memref as a ``kina_unranked_memref_t *`` of another cffi FFI instance."""
         return foreign_ffi.cast("kina_unranked_memref_t *", self.address)
+
+    def descriptor_pointer_for(self, foreign_ffi):
+        """The ranked descriptor as a ``kina_memref_descriptor_t *`` of another cffi FFI
+        instance: what an ``llvm.emit_c_interface`` wrapper takes for a ranked memref."""
+        return foreign_ffi.cast("kina_memref_descriptor_t *", int(ffi.cast("intptr_t", self.words)))
 
 
 def from_numpy(array: np.ndarray, offset_elements: int = 0) -> UnrankedMemref:
