@@ -1016,7 +1016,9 @@ def _permutations(n):
 
 
 @op(numpy=np.transpose, linear=True, sample=_sample_transpose,
-    reference=lambda np, x, axes=None: np.transpose(x, axes))
+    # HIPS autograd inverts negative axes wrongly: give it non-negative ones
+    reference=lambda np, x, axes=None: np.transpose(
+        x, None if axes is None else tuple(a % np.ndim(x) for a in axes)))
 class transpose:
     """Permute axes (reverse them when ``axes`` is None)."""
     def kernel(x, axes):
@@ -1052,7 +1054,8 @@ def _sample_broadcast_to(draw):
 
 
 @op(numpy=np.broadcast_to, linear=True, sample=_sample_broadcast_to,
-    reference=lambda np, x, shape: np.broadcast_to(x, shape))
+    reference=lambda np, x, shape: np.broadcast_to(
+        np.reshape(x, (1,) * (len(shape) - np.ndim(x)) + np.shape(x)), shape))
 class broadcast_to:
     """``x`` broadcast to ``shape``; the gradient sums over the broadcast axes."""
     def kernel(x, shape):
@@ -1266,7 +1269,8 @@ def _sample_repeat_interleave(draw):
 
 
 @op(numpy=(), linear=True, sample=_sample_repeat_interleave,
-    reference=lambda np, x, repeats, axis=None: np.repeat(x, repeats, axis))
+    reference=lambda np, x, repeats, axis=None: np.repeat(
+        x, repeats, None if axis is None else axis % np.ndim(x)))
 class repeat_interleave:
     """Each element repeated ``repeats`` times along ``axis``, PyTorch's
     semantics: ``axis=None`` repeats the flattened array."""
@@ -1298,7 +1302,8 @@ def _sample_where(draw):
 
 
 @op(numpy=np.where, constant=("cond",), elementwise=True, sample=_sample_where,
-    reference=lambda np, cond, a, b: np.where(cond, a, b))
+    # HIPS autograd's own where does not undo broadcasting: the mask form does
+    reference=lambda np, cond, a, b: a * cond + b * (1.0 - cond))
 class where:
     """``a`` where ``cond`` else ``b`` (broadcasting); ``cond`` gets no gradient."""
     def kernel(cond, a, b):
@@ -1412,9 +1417,9 @@ def _sample_clip(draw):
     lo = draw.choice([None, -0.5, "array"])
     hi = draw.choice([None, 0.7, "array"])
     if lo == "array":
-        lo = draw.array(slo) - 0.6
+        lo = np.asarray(draw.array(slo) - 0.6)
     if hi == "array":
-        hi = draw.array(shi) + 0.8
+        hi = np.asarray(draw.array(shi) + 0.8)
     return [x, lo, hi], {}
 
 
