@@ -27,6 +27,7 @@ for writing a block; ``python -m kina_fx.autograd.optable`` prints the table.
 from __future__ import annotations
 
 import inspect
+from typing import Any, Callable
 import math
 import operator as _operator
 
@@ -96,7 +97,7 @@ class Primitive:
         return f"<Primitive {self.name}>"
 
 
-def effect_of(name) -> Effect:
+def effect_of(name: str) -> Effect:
     """The effect of the primitive called ``name`` (e.g. ``"matmul"``)."""
     return PRIMITIVES[name].effect
 
@@ -104,7 +105,7 @@ def effect_of(name) -> Effect:
 # --- kernels ------------------------------------------------------------------
 
 
-def xp_kernel(name):
+def xp_kernel(name: str) -> Callable:
     """A kernel that is the array module's function ``name`` (``np.tanh`` on
     NumPy arrays, ``cupy.tanh`` on CuPy arrays).  It also unwraps Tensors, so
     it serves as its effect's default without a wrapper frame."""
@@ -322,8 +323,10 @@ def _as_tuple(v):
     return tuple(v) if isinstance(v, (list, tuple)) else (v,)
 
 
-def op(name=None, *, numpy=(), operator=None, methods=(), elementwise=False, raw=None,
-       constant=(), sequence=False, linear=False, sample=None, reference=None):
+def op(name: str | None = None, *, numpy: Any = (), operator: str | None = None,
+       methods: Any = (), elementwise: bool = False, raw: Callable | None = None,
+       constant: Any = (), sequence: bool = False, linear: bool = False,
+       sample: Callable | None = None, reference: Callable | None = None) -> Callable:
     """Register the op defined by the decorated class body; returns its public function.
 
     The class body defines (see ``docs/autograd.md``, "How to add an op"):
@@ -463,7 +466,7 @@ def op(name=None, *, numpy=(), operator=None, methods=(), elementwise=False, raw
     return register
 
 
-def numpy_rule(*numpy_functions):
+def numpy_rule(*numpy_functions: Callable) -> Callable[[Callable], Callable]:
     """Decorator: ``fn`` differentiates these NumPy functions/ufuncs on Tensors
     (``np.ravel(t)`` calls ``fn(t)``).  For functions written with other ops
     (composites); a primitive declares ``op(numpy=...)`` instead."""
@@ -480,7 +483,7 @@ def numpy_rule(*numpy_functions):
 # --- shared helpers for rules ---------------------------------------------------------
 
 
-def unbroadcast(o, ct, shape):
+def unbroadcast(o: Any, ct: Any, shape: tuple) -> Any:
     """Sum ``ct`` down to ``shape`` (undo NumPy broadcasting)."""
     cshape = ct.shape
     if cshape == shape:

@@ -1,6 +1,8 @@
 """The transforms: grad, value_and_grad, vjp, jvp, and those built on them."""
 from __future__ import annotations
 
+from typing import Any, Callable, Sequence, Union
+
 import numpy as np
 
 from ..errors import KinaTypeError, ValidationError
@@ -11,6 +13,9 @@ from .tensor import Tensor, _lift, _plain, _raw, _shape, array_module
 
 __all__ = ["grad", "value_and_grad", "vjp", "jvp", "jacobian", "jacfwd", "jacrev", "hessian", "hvp",
            "elementwise_grad"]
+
+#: An argument position, or a tuple of them (negative ones count from the end).
+Argnums = Union[int, Sequence[int]]
 
 
 def _like(value, like):
@@ -58,7 +63,7 @@ def _describe(v):
         else type(v).__name__
 
 
-def check_real_output(v, what):
+def check_real_output(v: Any, what: str) -> None:
     """``v`` must be a real floating array, Tensor or number; else KinaTypeError."""
     raw = _raw(v) if v.__class__ is Tensor else v
     if isinstance(raw, (bool, np.bool_)):
@@ -89,7 +94,7 @@ def _check_scalar_output(out):
             "sum it to a scalar, or use vjp/jacobian for array outputs")
 
 
-def value_and_grad(f, argnums=0, has_aux=False):
+def value_and_grad(f: Callable, argnums: Argnums = 0, has_aux: bool = False) -> Callable:
     """``f``'s value and its gradient with respect to argument(s) ``argnums``.
 
     ``f`` must return a real floating scalar: a 0-d array or Tensor or a
@@ -141,7 +146,7 @@ def value_and_grad(f, argnums=0, has_aux=False):
     return vg
 
 
-def grad(f, argnums=0, has_aux=False):
+def grad(f: Callable, argnums: Argnums = 0, has_aux: bool = False) -> Callable:
     """The gradient of scalar-valued ``f`` with respect to argument(s) ``argnums``
     (JAX conventions: an int gives one gradient, a tuple a tuple of them)."""
     vg = value_and_grad(f, argnums, has_aux)
@@ -155,7 +160,7 @@ def grad(f, argnums=0, has_aux=False):
     return g
 
 
-def vjp(f, *primals):
+def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable[[Any], tuple]]:
     """``(f(*primals), vjp_fn)``; ``vjp_fn(cotangent)`` (same structure as the
     output) returns a tuple with one cotangent per primal.  ``vjp_fn`` may be
     called any number of times.  Output leaves must be real floating."""
@@ -204,7 +209,7 @@ def vjp(f, *primals):
     return out, vjp_fn
 
 
-def jvp(f, primals, tangents):
+def jvp(f: Callable, primals: Sequence, tangents: Sequence) -> tuple[Any, Any]:
     """Forward mode: ``(f(*primals), J @ tangents)``; ``primals`` and ``tangents``
     are tuples (or lists) of the same structure."""
     if not isinstance(primals, (tuple, list)) or not isinstance(tangents, (tuple, list)):
@@ -284,7 +289,7 @@ def _block(parts, out_shape, in_shape, axis):
     return reshape(stack([array(p) for p in parts], axis), full)
 
 
-def jacobian(f, argnums=0, mode="reverse"):
+def jacobian(f: Callable, argnums: Argnums = 0, mode: str = "reverse") -> Callable:
     """The Jacobian of ``f`` with respect to argument(s) ``argnums``.
 
     For an output leaf of shape ``S`` and an input leaf of shape ``T`` the block
@@ -356,23 +361,23 @@ def jacobian(f, argnums=0, mode="reverse"):
     return jac
 
 
-def jacfwd(f, argnums=0):
+def jacfwd(f: Callable, argnums: Argnums = 0) -> Callable:
     """``jacobian(f, argnums, mode="forward")``."""
     return jacobian(f, argnums, "forward")
 
 
-def jacrev(f, argnums=0):
+def jacrev(f: Callable, argnums: Argnums = 0) -> Callable:
     """``jacobian(f, argnums, mode="reverse")``."""
     return jacobian(f, argnums, "reverse")
 
 
-def hessian(f, argnums=0):
+def hessian(f: Callable, argnums: Argnums = 0) -> Callable:
     """The Hessian of scalar-valued ``f``: forward-mode Jacobian of its reverse-mode
     gradient; shape ``in.shape + in.shape`` (blocks for a tuple ``argnums``)."""
     return jacobian(jacobian(f, argnums, "reverse"), argnums, "forward")
 
 
-def hvp(f, primals, tangents):
+def hvp(f: Callable, primals: Sequence, tangents: Sequence) -> Any:
     """The Hessian-vector product of scalar-valued ``f`` at ``primals`` along
     ``tangents`` (tuples of the same structure), forward over reverse without
     forming the Hessian: one value for one primal, else a tuple."""
@@ -382,7 +387,7 @@ def hvp(f, primals, tangents):
     return jvp(grad(f, argnums=nums), tuple(primals), tuple(tangents))[1]
 
 
-def elementwise_grad(f, argnums=0):
+def elementwise_grad(f: Callable, argnums: Argnums = 0) -> Callable:
     """HIPS autograd's ``elementwise_grad``: the vjp of ``f`` with a cotangent of
     ones, i.e. the gradient of ``sum(f(x))``: each element's derivative when
     ``f`` acts elementwise (its Jacobian is diagonal)."""
