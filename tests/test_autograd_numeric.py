@@ -18,7 +18,8 @@ whole Jacobian with a random probe:
 """
 import numpy as np
 import pytest
-from autograd_draw import Draw, differentiable_leaves, leaves_of, with_leaves
+from autograd_helpers import (Draw, FakeDeviceArray, args_on_device, differentiable_leaves,  # noqa: F401
+                              fake_cupy, leaves_of, with_leaves)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -46,12 +47,22 @@ def test_every_kina_fx_op_has_a_sample_domain():
     assert not missing, f"ops without sample= (the generic tests cannot cover them): {missing}"
 
 
-def draw_case(name, data, seed):
-    """(f, leaves, rng): ``f(*leaves)`` calls the op with the drawn arguments."""
+def draw_case(name, data, seed, device=False):
+    """(f, leaves, rng): ``f(*leaves)`` calls the op with the drawn arguments
+    (with ``device``, also (f_dev, leaves_dev): every array on the CuPy stand-in)."""
     prim = ad.PRIMITIVES[name]
     rng = np.random.default_rng(seed)
     args, kwargs = prim.sample(Draw(data, rng))
     where = differentiable_leaves(args)
+    if device:
+        dev = args_on_device(args)
+
+        def f_dev(*leaves):
+            return prim.public(*with_leaves(dev, where, leaves), **kwargs)
+
+        def f_host(*leaves):
+            return prim.public(*with_leaves(args, where, leaves), **kwargs)
+        return f_dev, leaves_of(dev, where), f_host, leaves_of(args, where), rng
 
     def f(*leaves):
         return prim.public(*with_leaves(args, where, leaves), **kwargs)
@@ -146,3 +157,23 @@ def test_float32_in_float32_gradients_out(name, data, seed):
         assert np.shape(ct) == a.shape
     _, t = ad.jvp(f, tuple(args32), tuple(np.ones_like(a) for a in args32))
     assert np.asarray(t).dtype == np.float32
+
+
+@pytest.mark.parametrize("name", sampled_ops())
+@settings(**dict(SETTINGS, max_examples=10, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.function_scoped_fixture]))    # the stand-in is stateless
+@given(data=st.data(), seed=st.integers(0, 2**32 - 1))
+def test_every_op_runs_on_the_cupy_code_path(name, data, seed, fake_cupy):
+    """The same kernels and rules on CuPy-like arrays (a NumPy-backed stand-in):
+    results stay on the device and equal the NumPy ones."""
+    f_dev, args_dev, f, args, rng = draw_case(name, data, seed, device=True)
+    out, vjp_fn = ad.vjp(f, *args)
+    out_dev, vjp_dev = ad.vjp(f_dev, *args_dev)
+    u = rng.standard_normal(np.shape(out))
+    cts, cts_dev = vjp_fn(u), vjp_dev(u.view(FakeDeviceArray))
+    _, t = ad.jvp(f, tuple(args), tuple(np.ones_like(a) for a in args))
+    _, t_dev = ad.jvp(f_dev, tuple(args_dev), tuple(np.ones_like(a) for a in args_dev))
+    for ours, ref in [(out_dev, out), (t_dev, t)] + list(zip(cts_dev, cts)):
+        if np.ndim(ref):
+            assert isinstance(ours, FakeDeviceArray), (name, type(ours))
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), rtol=1e-12, atol=1e-14)

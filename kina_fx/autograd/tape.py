@@ -386,21 +386,23 @@ def _elementwise_factory(prim, rule):
         def clause(x):
             if x.__class__ is Tensor:
                 tape = rec.tape
-                tr = x._trace
-                if tr is not tape and (tr is None or not tr._live):
+                if x._trace is not tape:
+                    tr = x._trace
+                    if tr is not None and tr._live:
+                        return perform(eff, x)     # an enclosing trace's box
                     x = _lift(x)       # a plain Tensor or a finished trace's box
-                    tr = x._trace if x.__class__ is Tensor else None
-                if tr is tape:
-                    v = x._value
-                    out = perform(eff, v)
-                    i = tape._n
-                    tape._n = i + 1
-                    tape._nodes.append((rule, i, x._id, v, None, out, prim))
-                    b = _new(Tensor)
-                    b._value = out
-                    b._trace = tape
-                    b._id = i
-                    return b
+                    if x.__class__ is not Tensor or x._trace is not tape:
+                        return perform(eff, x)
+                v = x._value
+                out = perform(eff, v)
+                i = tape._n
+                tape._n = i + 1
+                tape._nodes.append((rule, i, x._id, v, None, out, prim))
+                b = _new(Tensor)
+                b._value = out
+                b._trace = tape
+                b._id = i
+                return b
             return perform(eff, x)
         return clause
     return make

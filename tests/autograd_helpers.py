@@ -1,9 +1,12 @@
-"""The ``draw`` object the ops' sample domains use (kina_fx.autograd.samples),
-backed by hypothesis for shapes and choices and a seeded NumPy generator for
-values."""
+"""Helpers of the autograd tests: the ``draw`` object the ops' sample domains
+use (kina_fx.autograd.samples; hypothesis for shapes and choices, a seeded NumPy
+generator for values), and a NumPy-backed stand-in for CuPy."""
 import numpy as np
+import pytest
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+
+from kina_fx import gpu_ops
 
 
 class Draw:
@@ -92,5 +95,60 @@ def with_leaves(args, where, leaves):
     return args
 
 
+def args_on_device(args):
+    """Every NumPy array among ``args`` (also in a list) moved to the stand-in device."""
+    return [[on_device(x) for x in a] if isinstance(a, list) else on_device(a) for a in args]
+
+
 def leaves_of(args, where):
     return [args[k] if j is None else args[0][j] for k, j in where]
+
+
+# --- the CuPy code path without a GPU: a NumPy-backed stand-in for CuPy ----------------
+
+
+class FakeDeviceArray(np.ndarray):
+    """Stands for cupy.ndarray: a NumPy array of another class, with .get()."""
+
+    def get(self):
+        return np.asarray(self).view(np.ndarray)
+
+
+def on_device(value):
+    if isinstance(value, np.ndarray):
+        return value.view(FakeDeviceArray)
+    if isinstance(value, np.generic):
+        return np.asarray(value).view(FakeDeviceArray)
+    return value
+
+
+class FakeCupy:
+    """The array-module surface kina_fx.autograd uses; results stay 'on device'."""
+
+    ndarray = FakeDeviceArray
+    __name__ = "fake_cupy"
+
+    def __init__(self):
+        self.__dict__["calls"] = set()
+
+    def __getattr__(self, name):
+        self.calls.add(name)
+        fn = getattr(np, name)
+        if not callable(fn):
+            return fn
+
+        def call_on_device(*args, **kwargs):
+            return on_device(fn(*args, **kwargs))
+        return call_on_device
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    import sys
+    import types
+    fake = FakeCupy()
+    monkeypatch.setattr(gpu_ops, "_cupy", fake)
+    cupyx = types.ModuleType("cupyx")
+    cupyx.scatter_add = lambda z, index, g: np.add.at(z, index, g)
+    monkeypatch.setitem(sys.modules, "cupyx", cupyx)
+    return fake
