@@ -35,7 +35,8 @@ from .ops_math import *  # noqa: F401,F403
 from .ops_shape import *  # noqa: F401,F403
 from .tape import BACKWARD_OBSERVED, Tape, observe_backward
 from .custom import custom_jvp, custom_vjp, defjvp, defvjp, primitive
-from .transforms import grad, jvp, value_and_grad, vjp
+from .transforms import (elementwise_grad, grad, hessian, hvp, jacfwd, jacobian, jacrev, jvp,
+                         value_and_grad, vjp)
 
 __all__ = [
     "Tensor", "Tape", "grad", "value_and_grad", "vjp", "jvp",
@@ -47,4 +48,5 @@ __all__ = [
     "PRIMITIVES", "NUMPY_RULES", "Primitive", "op", "numpy_rule", "effect_of",
     "BACKWARD_OBSERVED", "observe_backward", "is_traced",
     "custom_vjp", "custom_jvp", "primitive", "defvjp", "defjvp",
+    "jacobian", "jacfwd", "jacrev", "hessian", "hvp", "elementwise_grad",
 ] + ops_math.__all__ + ops_linalg.__all__ + ops_shape.__all__

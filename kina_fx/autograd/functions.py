@@ -3,6 +3,7 @@ NumPy functions they stand for on Tensors."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -15,7 +16,7 @@ __all__ = ["dot", "ravel", "flatten", "squeeze", "array"]
 
 
 @numpy_rule(np.dot)
-def dot(a, b):
+def dot(a: Any, b: Any) -> Any:
     """NumPy's ``dot``: products of scalars, ``matmul`` for rank <= 2 (and for a
     1-D or 2-D ``b``), and for N-D ``b`` the sum over ``a``'s last axis and
     ``b``'s second-to-last."""
@@ -34,18 +35,18 @@ def dot(a, b):
 
 
 @numpy_rule(np.ravel)
-def ravel(x):
+def ravel(x: Any) -> Any:
     """``x`` flattened to one dimension (C order)."""
     return reshape(x, (-1,))
 
 
-def flatten(x):
+def flatten(x: Any) -> Any:
     """``x`` flattened to one dimension (``Tensor.flatten``)."""
     return reshape(x, (-1,))
 
 
 @numpy_rule(np.squeeze)
-def squeeze(x, axis=None):
+def squeeze(x: Any, axis: Any = None) -> Any:
     """``x`` without its size-1 axes (only ``axis`` when given; one that is
     not of size 1 is a ValidationError)."""
     shape = _shape(_raw(x))
@@ -60,7 +61,7 @@ def squeeze(x, axis=None):
     return reshape(x, tuple(s for i, s in enumerate(shape) if i not in axes))
 
 
-def array(obj, dtype=None):
+def array(obj: Any, dtype: Any = None) -> Any:
     """An array from ``obj`` as ``numpy.array`` makes it, but differentiable:
     Tensors (also inside lists and tuples) keep their traces."""
     if isinstance(obj, Tensor) or (isinstance(obj, (list, tuple)) and _holds_tensor(obj)):

@@ -27,6 +27,7 @@ for writing a block; ``python -m kina_fx.autograd.optable`` prints the table.
 from __future__ import annotations
 
 import inspect
+from typing import Any, Callable
 import math
 import operator as _operator
 
@@ -96,7 +97,7 @@ class Primitive:
         return f"<Primitive {self.name}>"
 
 
-def effect_of(name) -> Effect:
+def effect_of(name: str) -> Effect:
     """The effect of the primitive called ``name`` (e.g. ``"matmul"``)."""
     return PRIMITIVES[name].effect
 
@@ -104,7 +105,7 @@ def effect_of(name) -> Effect:
 # --- kernels ------------------------------------------------------------------
 
 
-def xp_kernel(name):
+def xp_kernel(name: str) -> Callable:
     """A kernel that is the array module's function ``name`` (``np.tanh`` on
     NumPy arrays, ``cupy.tanh`` on CuPy arrays).  It also unwraps Tensors, so
     it serves as its effect's default without a wrapper frame."""
@@ -322,8 +323,10 @@ def _as_tuple(v):
     return tuple(v) if isinstance(v, (list, tuple)) else (v,)
 
 
-def op(name=None, *, numpy=(), operator=None, methods=(), elementwise=False, raw=None,
-       constant=(), sequence=False, linear=False, sample=None, reference=None):
+def op(name: str | None = None, *, numpy: Any = (), operator: str | None = None,
+       methods: Any = (), elementwise: bool = False, raw: Callable | None = None,
+       constant: Any = (), sequence: bool = False, linear: bool = False,
+       sample: Callable | None = None, reference: Callable | None = None) -> Callable:
     """Register the op defined by the decorated class body; returns its public function.
 
     The class body defines (see ``docs/autograd.md``, "How to add an op"):
@@ -463,7 +466,7 @@ def op(name=None, *, numpy=(), operator=None, methods=(), elementwise=False, raw
     return register
 
 
-def numpy_rule(*numpy_functions):
+def numpy_rule(*numpy_functions: Callable) -> Callable[[Callable], Callable]:
     """Decorator: ``fn`` differentiates these NumPy functions/ufuncs on Tensors
     (``np.ravel(t)`` calls ``fn(t)``).  For functions written with other ops
     (composites); a primitive declares ``op(numpy=...)`` instead."""
@@ -480,7 +483,7 @@ def numpy_rule(*numpy_functions):
 # --- shared helpers for rules ---------------------------------------------------------
 
 
-def unbroadcast(o, ct, shape):
+def unbroadcast(o: Any, ct: Any, shape: tuple) -> Any:
     """Sum ``ct`` down to ``shape`` (undo NumPy broadcasting)."""
     cshape = ct.shape
     if cshape == shape:
@@ -1016,7 +1019,9 @@ def _permutations(n):
 
 
 @op(numpy=np.transpose, linear=True, sample=_sample_transpose,
-    reference=lambda np, x, axes=None: np.transpose(x, axes))
+    # HIPS autograd inverts negative axes wrongly: give it non-negative ones
+    reference=lambda np, x, axes=None: np.transpose(
+        x, None if axes is None else tuple(a % np.ndim(x) for a in axes)))
 class transpose:
     """Permute axes (reverse them when ``axes`` is None)."""
     def kernel(x, axes):
@@ -1052,7 +1057,8 @@ def _sample_broadcast_to(draw):
 
 
 @op(numpy=np.broadcast_to, linear=True, sample=_sample_broadcast_to,
-    reference=lambda np, x, shape: np.broadcast_to(x, shape))
+    reference=lambda np, x, shape: np.broadcast_to(
+        np.reshape(x, (1,) * (len(shape) - np.ndim(x)) + np.shape(x)), shape))
 class broadcast_to:
     """``x`` broadcast to ``shape``; the gradient sums over the broadcast axes."""
     def kernel(x, shape):
@@ -1266,7 +1272,8 @@ def _sample_repeat_interleave(draw):
 
 
 @op(numpy=(), linear=True, sample=_sample_repeat_interleave,
-    reference=lambda np, x, repeats, axis=None: np.repeat(x, repeats, axis))
+    reference=lambda np, x, repeats, axis=None: np.repeat(
+        x, repeats, None if axis is None else axis % np.ndim(x)))
 class repeat_interleave:
     """Each element repeated ``repeats`` times along ``axis``, PyTorch's
     semantics: ``axis=None`` repeats the flattened array."""
@@ -1298,7 +1305,8 @@ def _sample_where(draw):
 
 
 @op(numpy=np.where, constant=("cond",), elementwise=True, sample=_sample_where,
-    reference=lambda np, cond, a, b: np.where(cond, a, b))
+    # HIPS autograd's own where does not undo broadcasting: the mask form does
+    reference=lambda np, cond, a, b: a * cond + b * (1.0 - cond))
 class where:
     """``a`` where ``cond`` else ``b`` (broadcasting); ``cond`` gets no gradient."""
     def kernel(cond, a, b):
@@ -1412,9 +1420,9 @@ def _sample_clip(draw):
     lo = draw.choice([None, -0.5, "array"])
     hi = draw.choice([None, 0.7, "array"])
     if lo == "array":
-        lo = draw.array(slo) - 0.6
+        lo = np.asarray(draw.array(slo) - 0.6)
     if hi == "array":
-        hi = draw.array(shi) + 0.8
+        hi = np.asarray(draw.array(shi) + 0.8)
     return [x, lo, hi], {}
 
 

@@ -15,6 +15,7 @@ trace may be watching (grad of grad, jvp of grad), the raw kernels otherwise
 from __future__ import annotations
 
 import itertools
+from typing import Any, Callable
 
 import numpy as _np
 
@@ -59,7 +60,7 @@ def ops_for_backward():
 
 # --- complex numbers are refused ---------------------------------------------------------
 
-def is_complex(v) -> bool:
+def is_complex(v: Any) -> bool:
     c = v.__class__
     if c is float or c is int:
         return False
@@ -118,7 +119,7 @@ class Tape:
         self._live = True
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> bool:
         self._live = False
         handler, rec = self._handler
         self._handler = None
@@ -158,7 +159,7 @@ class Tape:
         return _box(x, self, i)
 
     # -- the backward pass --
-    def gradient(self, target, sources, output_gradients=None):
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None) -> Any:
         """Gradients of ``target`` (a box or a list of boxes of this tape) with
         respect to ``sources`` (a box or a list of boxes).  ``output_gradients``
         are the cotangents of the targets (default: ones).  A source the
@@ -246,7 +247,7 @@ class Tape:
         return "\n".join(lines) + "\n"
 
 
-def as_input(x):
+def as_input(x: Any) -> Any:
     """A leaf passed to a transform (or watched), as the value its box will hold."""
     if x.__class__ is Tensor:
         x = _lift(x)
@@ -330,7 +331,8 @@ def extra_clauses():
 _EXTRA = {}
 
 
-def register_clauses(effect, make_tape_clause, make_jvp_clause):
+def register_clauses(effect: Effect, make_tape_clause: Callable,
+                     make_jvp_clause: Callable) -> None:
     """Give every tape and jvp trace a clause for ``effect`` (not a primitive
     of the table: :mod:`kina_fx.autograd.custom` uses it for custom_vjp and
     custom_jvp calls).  ``make_*_clause(rec)`` builds the clause of one
@@ -384,21 +386,23 @@ def _elementwise_factory(prim, rule):
         def clause(x):
             if x.__class__ is Tensor:
                 tape = rec.tape
-                tr = x._trace
-                if tr is not tape and (tr is None or not tr._live):
+                if x._trace is not tape:
+                    tr = x._trace
+                    if tr is not None and tr._live:
+                        return perform(eff, x)     # an enclosing trace's box
                     x = _lift(x)       # a plain Tensor or a finished trace's box
-                    tr = x._trace if x.__class__ is Tensor else None
-                if tr is tape:
-                    v = x._value
-                    out = perform(eff, v)
-                    i = tape._n
-                    tape._n = i + 1
-                    tape._nodes.append((rule, i, x._id, v, None, out, prim))
-                    b = _new(Tensor)
-                    b._value = out
-                    b._trace = tape
-                    b._id = i
-                    return b
+                    if x.__class__ is not Tensor or x._trace is not tape:
+                        return perform(eff, x)
+                v = x._value
+                out = perform(eff, v)
+                i = tape._n
+                tape._n = i + 1
+                tape._nodes.append((rule, i, x._id, v, None, out, prim))
+                b = _new(Tensor)
+                b._value = out
+                b._trace = tape
+                b._id = i
+                return b
             return perform(eff, x)
         return clause
     return make

@@ -12,6 +12,8 @@ an op declares its operator or method where it is defined.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .. import gpu_ops
@@ -42,7 +44,7 @@ class Tensor:
     __array_priority__ = 1000
     __hash__ = None                 # elementwise __eq__, like ndarray
 
-    def __new__(cls, data, dtype=None):
+    def __new__(cls, data: Any, dtype: Any = None) -> "Tensor":
         if data.__class__ is Tensor:
             if dtype is not None and np.dtype(dtype) != np.dtype(_raw(data).dtype):
                 return recordable.cast(data, dtype)
@@ -62,28 +64,28 @@ class Tensor:
 
     # -- array-like surface --
     @property
-    def shape(self):
+    def shape(self) -> tuple:
         return _raw(self).shape
 
     @property
-    def dtype(self):
+    def dtype(self) -> np.dtype:
         return _raw(self).dtype
 
     @property
-    def ndim(self):
+    def ndim(self) -> int:
         return _raw(self).ndim
 
     @property
-    def size(self):
+    def size(self) -> int:
         return _raw(self).size
 
     @property
-    def data(self):
+    def data(self) -> Any:
         """The backend array (NumPy or CuPy) under every level of tracing:
         a constant (no gradient flows through it)."""
         return _raw(self)
 
-    def numpy(self):
+    def numpy(self) -> np.ndarray:
         """The value as a NumPy array (copied from the device for CuPy)."""
         _refuse_if_traced(self, "Tensor.numpy()")
         return _to_numpy(_raw(self))
@@ -93,11 +95,11 @@ class Tensor:
         a = _to_numpy(_raw(self))
         return a if dtype is None else a.astype(dtype)
 
-    def tolist(self):
+    def tolist(self) -> Any:
         _refuse_if_traced(self, "Tensor.tolist()")
         return _to_numpy(_raw(self)).tolist()
 
-    def item(self):
+    def item(self) -> Any:
         _refuse_if_traced(self, "Tensor.item()")
         return _raw(self).item()
 
@@ -195,7 +197,7 @@ def _lift(v):
     return v
 
 
-def is_traced(v) -> bool:
+def is_traced(v: Any) -> bool:
     """Whether ``v`` is (or holds, one level in) a box of a running trace."""
     return v.__class__ is Tensor and _lift(v).__class__ is Tensor
 
