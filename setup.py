@@ -63,7 +63,7 @@ setup(
         # be compiled, build_ext warns and kina_fx runs in pure Python.
         Extension("kina_fx._speedups", optional=True,
                   sources=[f"kina_fx/_native/speedups_{part}.c"
-                           for part in ("module", "perform", "c_abi", "tail", "round_trip")],
+                           for part in ("module", "types", "perform", "c_abi", "tail", "round_trip")],
                   depends=["kina_fx/_native/speedups.h"]),
     ],
     cmdclass={"build_ext": BuildNative},

@@ -22,6 +22,7 @@ import weakref
 
 from . import handlers
 from .errors import KinaTypeError, ValidationError, exception_for
+from .fibers import data_type
 from .handlers import Effect, Handler, Stepper
 
 _ffi = None   # the embedded module's ffi, set by attach()
@@ -169,7 +170,8 @@ class CHandler(Handler):
         self.thread = handlers.thread_token()
 
 
-class CClause:
+class CClause(data_type("CClauseData", ("fn", "ctx", "effect", "effect_id", "fn_address",
+                                        "ctx_address", "_buffers"))):
     """The ``fun`` clause of a :class:`CHandler` for one effect: calling it
     calls the C handler ``fn(ctx, effect.id, args, nargs, &out)`` in place.
 
@@ -181,7 +183,7 @@ class CClause:
     error statuses), so both paths behave the same.
     """
 
-    __slots__ = ("fn", "ctx", "effect", "effect_id", "fn_address", "ctx_address", "_buffers")
+    __slots__ = ()
 
     def __init__(self, fn, ctx, effect):
         self.fn = fn

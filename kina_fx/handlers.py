@@ -34,7 +34,7 @@ import threading
 
 from . import fibers, tailcalls
 from .errors import Cancelled, ContinuationAlreadyResumed, Unhandled, ValidationError
-from .fibers import RAISED, RETURNED, Chain, check_owner, local, thread_token
+from .fibers import RAISED, RETURNED, Chain, check_owner, data_type, local, thread_token
 from greenlet import GreenletExit
 
 __all__ = ["Effect", "perform", "Handler", "Continuation", "fiber", "Stepper", "FORWARD",
@@ -131,7 +131,7 @@ def _check_clauses(clauses, what):
     return clauses
 
 
-class Handler:
+class Handler(data_type("HandlerData", ("on", "fun", "ret", "exc"))):
     """A handler: control clauses (``on``), tail-resumptive clauses (``fun``),
     a return clause (``ret``) and an exception clause (``exc``).
 
@@ -145,7 +145,7 @@ class Handler:
       ``BaseException``-only ones (``KeyboardInterrupt``, ``GreenletExit``).
     """
 
-    __slots__ = ("on", "fun", "ret", "exc")
+    __slots__ = ()
 
     def __init__(self, on=None, fun=None, ret=None, exc=None):
         self.on = _check_clauses(on, "on")
@@ -223,11 +223,11 @@ def _pop(entry):
         raise ValidationError(f"{entry!r} is not the innermost handler of this fiber")
 
 
-class _Skip:
+class _Skip(data_type("SkipData", ("fiber", "index"))):
     """Pushed while a ``fun`` clause runs: the search resumes below the handler
     that owns the clause (entry ``index`` of ``fiber``; -1 is its control handler)."""
 
-    __slots__ = ("fiber", "index")
+    __slots__ = ()
 
     def __init__(self, fiber, index):
         self.fiber = fiber
@@ -349,7 +349,7 @@ def _suspend_perform(effect, args, found):
 # --- continuations ----------------------------------------------------------
 
 
-class Continuation(Chain):
+class Continuation(Chain, data_type("ContinuationData", ("shallow",), base=Chain.__base__)):
     """A one-shot continuation: the suspended fibers from a perform up to its handler.
 
     Deep continuations (from ``Handler.run``) take ``resume``/``discontinue``;
@@ -360,7 +360,7 @@ class Continuation(Chain):
     blocks and ``with`` exits of the suspended code run.
     """
 
-    __slots__ = ("shallow",)
+    __slots__ = ()
 
     def __init__(self, top, base, shallow=False):
         self.top = top
@@ -490,7 +490,8 @@ class _Catch:
         return iter(self.effects or ())
 
 
-class Stepper:
+class Stepper(data_type("StepperData", ("_handler", "_chain", "state", "effect", "args", "result",
+                                        "error", "thread"))):
     """A fiber its owner drives one step at a time, like a generator.
 
     ``Stepper(fn, *args, catch=None)`` runs ``fn(*args)`` on a new fiber whose
@@ -589,10 +590,10 @@ class Stepper:
 _switch_into = fibers.switch_into
 
 
-class _TailResume:
+class _TailResume(data_type("TailResumeData", ("chain", "send"))):
     """Handed back by a resume in tail position to the driver that called the clause."""
 
-    __slots__ = ("chain", "send")
+    __slots__ = ()
 
     def __init__(self, chain, send):
         self.chain = chain

@@ -31,6 +31,63 @@
 
 #pragma GCC visibility push(hidden)
 
+/* ---- the protocol's data (speedups_types.c) ---------------------------------- *
+ * Field order matters: a type's PyObject * fields follow the head (and its
+ * base's fields) without gaps; the weak reference list, if any, comes last. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *stack, *handler, *shallow, *parent, *thread, *job, *glet, *unwinder;
+    PyObject *weakreflist;
+} KFiber;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *serial, *current, *mail, *outbox, *pool, *to_start, *trampoline, *dropped;
+    PyObject *weakreflist;
+} KThreadState;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *top, *base;
+} KChain;
+
+typedef struct {
+    KChain chain;
+    PyObject *shallow;
+} KContinuation;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *fiber, *index;
+} KSkip;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *chain, *send;
+} KTailResume;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *on, *fun, *ret, *exc;
+} KHandler;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *handler, *chain, *state, *effect, *args, *result, *error, *thread;
+} KStepper;
+
+/* ffi_effects.CClause: the fun clause of a C handler. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *fn, *ctx, *effect, *effect_id, *fn_address, *ctx_address, *buffers;
+} KCClause;
+
+extern PyTypeObject KFiber_Type, KThreadState_Type, KChain_Type, KContinuation_Type, KSkip_Type,
+                    KTailResume_Type, KHandler_Type, KStepper_Type, KCClause_Type;
+void kfx_data_dealloc(PyObject *self);
+int kfx_add_data_types(PyObject *module);
+
 /* ---- bound by _bind() (speedups_module.c) ---------------------------------- */
 
 extern PyObject *g_local;          /* fibers.local (a threading.local)          */
@@ -46,10 +103,30 @@ extern PyObject *g_suspend;        /* handlers._suspend_perform                 
 extern PyObject *g_nested;         /* handlers._resume_nested                   */
 extern PyObject *g_forward;        /* handlers.FORWARD (set by _bind_forward)    */
 
-extern Py_ssize_t off_stack, off_handler, off_parent;   /* Fiber slots        */
-extern Py_ssize_t off_current;                          /* ThreadState.current */
-extern Py_ssize_t off_skip_fiber, off_skip_index;       /* _Skip slots         */
-extern Py_ssize_t off_fun, off_on;                      /* Handler slots       */
+/* Where the fields are (SLOT(obj, off_...)), on instances of the bound types. */
+#define off_stack offsetof(KFiber, stack)
+#define off_handler offsetof(KFiber, handler)
+#define off_parent offsetof(KFiber, parent)
+#define off_glet offsetof(KFiber, glet)
+#define off_thread offsetof(KFiber, thread)
+#define off_job offsetof(KFiber, job)
+#define off_shallow offsetof(KFiber, shallow)
+#define off_current offsetof(KThreadState, current)
+#define off_mail offsetof(KThreadState, mail)
+#define off_serial offsetof(KThreadState, serial)
+#define off_dropped offsetof(KThreadState, dropped)
+#define off_skip_fiber offsetof(KSkip, fiber)
+#define off_skip_index offsetof(KSkip, index)
+#define off_fun offsetof(KHandler, fun)
+#define off_on offsetof(KHandler, on)
+#define off_top offsetof(KChain, top)
+#define off_base offsetof(KChain, base)
+#define off_k_shallow offsetof(KContinuation, shallow)
+#define off_tr_chain offsetof(KTailResume, chain)
+#define off_tr_send offsetof(KTailResume, send)
+#define off_cc_fn offsetof(KCClause, fn_address)
+#define off_cc_ctx offsetof(KCClause, ctx_address)
+#define off_cc_effect_id offsetof(KCClause, effect_id)
 
 /* Interned attribute names (PyInit__speedups). */
 extern PyObject *s_state, *s_current, *s_stack, *s_handler, *s_parent, *s_fiber, *s_index;
@@ -163,7 +240,7 @@ extern PyMethodDef kfx_round_trip_methods[];
 
 /* ---- speedups_module.c ---------------------------------------------------------- */
 
-int slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *off, PyObject **descr_out);
+int check_data_type(PyObject *type, PyTypeObject *core, const char *what);
 int check_type(PyObject *obj, const char *what);
 
 #pragma GCC visibility pop

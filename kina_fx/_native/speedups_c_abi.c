@@ -54,7 +54,6 @@ static PyTypeObject *g_cclause_t;  /* ffi_effects.CClause                       
 static PyObject *g_effects_by_id;  /* handlers.Effect._by_id                    */
 static PyObject *g_answer_fn;      /* ffi_effects._answer_to_int64              */
 static PyObject *g_report_fn;      /* ffi_effects._report_error                 */
-static Py_ssize_t off_cc_fn, off_cc_ctx, off_cc_effect_id;   /* CClause slots  */
 
 /* An int slot of a CClause as a C value; 0 when unset or out of range. */
 static int
@@ -374,20 +373,12 @@ bind_c_abi(PyObject *Py_UNUSED(module), PyObject *args)
     if (!PyArg_ParseTuple(args, "OO!OO:_bind_c_abi", &cclause_t, &PyList_Type, &by_id,
                           &answer_fn, &report_fn))
         return NULL;
-    if (check_type(cclause_t, "CClause"))
+    if (check_data_type(cclause_t, &KCClause_Type, "CClause"))
         return NULL;
     if (!PyCallable_Check(answer_fn) || !PyCallable_Check(report_fn)) {
         PyErr_SetString(PyExc_TypeError, "_bind_c_abi: answer_to_int64 and report_error must be callable");
         return NULL;
     }
-    Py_ssize_t o_fn, o_ctx, o_eid;
-    PyTypeObject *ct = (PyTypeObject *)cclause_t;
-    if (slot_offset(ct, "fn_address", &o_fn, NULL) || slot_offset(ct, "ctx_address", &o_ctx, NULL)
-            || slot_offset(ct, "effect_id", &o_eid, NULL))
-        return NULL;
-    off_cc_fn = o_fn;
-    off_cc_ctx = o_ctx;
-    off_cc_effect_id = o_eid;
     Py_XSETREF(g_effects_by_id, Py_NewRef(by_id));
     Py_XSETREF(g_answer_fn, Py_NewRef(answer_fn));
     Py_XSETREF(g_report_fn, Py_NewRef(report_fn));

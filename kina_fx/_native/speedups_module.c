@@ -13,29 +13,31 @@ PyObject *s_fun, *s_on, *s_get, *s_default, *s_append, *s_outcome, *s_switch, *s
 
 /* ---- binding ------------------------------------------------------------------ */
 
-/* The offset of ``type.<name>``, a writable object slot (__slots__ entry). */
+/* ``type`` is ``core`` (one of speedups_types.c's types) or a subclass in
+ * which no descriptor shadows one of core's fields: C code may then read and
+ * write those fields of type's instances directly.  0, or -1 with TypeError. */
 int
-slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *off, PyObject **descr_out)
+check_data_type(PyObject *type, PyTypeObject *core, const char *what)
 {
-    PyObject *descr = PyObject_GetAttrString((PyObject *)type, name);
-    if (descr == NULL)
-        return -1;
-    if (Py_TYPE(descr) != &PyMemberDescr_Type) {
-        PyErr_Format(PyExc_TypeError, "%s.%s is not a __slots__ member", type->tp_name, name);
-        Py_DECREF(descr);
+    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, core)) {
+        PyErr_Format(PyExc_TypeError, "_bind: %s must derive from kina_fx._speedups.%s "
+                     "(fibers.data_type)", what, strrchr(core->tp_name, '.') + 1);
         return -1;
     }
-    PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
-    if (m->type != T_OBJECT_EX || (m->flags & READONLY) || m->offset <= 0) {
-        PyErr_Format(PyExc_TypeError, "%s.%s is not a writable object slot", type->tp_name, name);
-        Py_DECREF(descr);
-        return -1;
+    for (PyTypeObject *t = core; t != NULL && t != &PyBaseObject_Type; t = t->tp_base) {
+        for (PyMemberDef *m = t->tp_members; m != NULL && m->name != NULL; m++) {
+            PyObject *name = PyUnicode_InternFromString(m->name);
+            if (name == NULL)
+                return -1;
+            PyObject *mine = _PyType_Lookup(t, name), *theirs = _PyType_Lookup((PyTypeObject *)type, name);
+            Py_DECREF(name);
+            if (mine != theirs) {
+                PyErr_Format(PyExc_TypeError, "_bind: %s.%s shadows the field of that name",
+                             what, m->name);
+                return -1;
+            }
+        }
     }
-    *off = m->offset;
-    if (descr_out != NULL)
-        *descr_out = descr;
-    else
-        Py_DECREF(descr);
     return 0;
 }
 
@@ -81,18 +83,20 @@ bind(PyObject *Py_UNUSED(module), PyObject *args)
         PyErr_SetString(PyExc_TypeError, "_bind: suspend and nested must be callable");
         return NULL;
     }
-    Py_ssize_t o_stack, o_handler, o_parent, o_current, o_fiber, o_index, o_fun, o_on;
-    PyObject *d_fun = NULL, *d_on = NULL;
-    PyTypeObject *ft = (PyTypeObject *)fiber_t, *tt = (PyTypeObject *)tstate_t,
-                 *ht = (PyTypeObject *)handler_t, *kt = (PyTypeObject *)skip_t;
-    if (slot_offset(ft, "stack", &o_stack, NULL) || slot_offset(ft, "handler", &o_handler, NULL) ||
-            slot_offset(ft, "parent", &o_parent, NULL) || slot_offset(tt, "current", &o_current, NULL) ||
-            slot_offset(kt, "fiber", &o_fiber, NULL) || slot_offset(kt, "index", &o_index, NULL))
+    if (check_data_type(fiber_t, &KFiber_Type, "Fiber") ||
+            check_data_type(tstate_t, &KThreadState_Type, "ThreadState") ||
+            check_data_type(handler_t, &KHandler_Type, "Handler") ||
+            check_data_type(skip_t, &KSkip_Type, "_Skip") ||
+            check_data_type(tail_t, &KTailResume_Type, "_TailResume"))
         return NULL;
-    if (slot_offset(ht, "fun", &o_fun, &d_fun))
-        return NULL;
-    if (slot_offset(ht, "on", &o_on, &d_on)) {
-        Py_DECREF(d_fun);
+    /* Handler's own ``fun`` / ``on`` descriptors: an entry whose type resolves
+     * the name to them has the field (get_handler_attr). */
+    PyObject *d_fun = Py_XNewRef(_PyType_Lookup(&KHandler_Type, s_fun));
+    PyObject *d_on = Py_XNewRef(_PyType_Lookup(&KHandler_Type, s_on));
+    if (d_fun == NULL || d_on == NULL) {
+        Py_XDECREF(d_fun);
+        Py_XDECREF(d_on);
+        PyErr_SetString(PyExc_TypeError, "_bind: Handler has no fun / on fields");
         return NULL;
     }
     /* Rebinding (tests reload handlers) replaces everything, caches included. */
@@ -118,14 +122,6 @@ bind(PyObject *Py_UNUSED(module), PyObject *args)
     Py_XSETREF(g_effect_t, Py_NewRef(effect_t));
     Py_XSETREF(g_suspend, Py_NewRef(susp));
     Py_XSETREF(g_nested, Py_NewRef(nested));
-    off_stack = o_stack;
-    off_handler = o_handler;
-    off_parent = o_parent;
-    off_current = o_current;
-    off_skip_fiber = o_fiber;
-    off_skip_index = o_index;
-    off_fun = o_fun;
-    off_on = o_on;
     Py_RETURN_NONE;
 }
 
@@ -168,7 +164,7 @@ PyInit__speedups(void)
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddFunctions(m, kfx_perform_methods) < 0 || PyModule_AddFunctions(m, kfx_tail_methods) < 0
+    if (kfx_add_data_types(m) < 0 || PyModule_AddFunctions(m, kfx_perform_methods) < 0 || PyModule_AddFunctions(m, kfx_tail_methods) < 0
             || PyModule_AddFunctions(m, kfx_round_trip_methods) < 0
             || PyModule_AddFunctions(m, kfx_c_abi_methods) < 0) {
         Py_DECREF(m);

@@ -42,14 +42,15 @@
  * right here, before popping the marker (handlers._resume_nested): what the
  * Python version does (tests/test_speedups.py has the case).
  *
- * Assumptions (checked once, in _bind): Fiber, ThreadState and _Skip are the
- * kina_fx.fibers/handlers classes with their __slots__ member descriptors;
- * their instances are read and written by slot offset (private classes whose
- * slots are never replaced).  Handler entries may be any object: ``fun`` and
- * ``on`` are read by offset only when the entry's type resolves the name to
- * Handler's own member descriptor with the generic getattr (else a normal
- * attribute lookup); ``fun``/``on`` are used through the dict API only when
- * they are exact dicts (else ``.get`` / the ``in`` protocol).
+ * Assumptions (checked once, in _bind): Fiber, ThreadState and _Skip derive
+ * from the C core's data types (speedups_types.c, through fibers.data_type)
+ * without shadowing a field; the fields of instances of exactly those classes
+ * are read and written as struct fields (others go through getattr).  Handler
+ * entries may be any object: ``fun`` and ``on`` are read as fields only when
+ * the entry's type resolves the name to HandlerData's own member descriptor
+ * with the generic getattr (else a normal attribute lookup); ``fun``/``on``
+ * are used through the dict API only when they are exact dicts (else
+ * ``.get`` / the ``in`` protocol).
  */
 #include "speedups.h"
 
@@ -66,10 +67,6 @@ PyObject *g_suspend;
 PyObject *g_nested;
 PyObject *g_forward;
 
-Py_ssize_t off_stack, off_handler, off_parent;
-Py_ssize_t off_current;
-Py_ssize_t off_skip_fiber, off_skip_index;
-Py_ssize_t off_fun, off_on;
 
 /* ``fibers.local.state`` is created once per OS thread and never replaced.
  * Reading it through threading.local costs about as much as the rest of a

@@ -47,7 +47,7 @@
  * - A GreenletExit that is not an Unwind, raised by the switch, means
  *   greenlet is killing this greenlet: fibers._begin_unwind_here runs, as in
  *   _switch, and the exception propagates.
- * - Slots are read and written by offset on exact Fiber / ThreadState /
+ * - Fields are read and written as struct fields on exact Fiber / ThreadState /
  *   Chain / Continuation / _TailResume instances only; a write that drops the
  *   last reference of something runs its finalizer at the same point as the
  *   Python attribute store it transcribes.
@@ -63,10 +63,6 @@ static PyObject *g_switch_into_py;   /* fibers.switch_into                      
 static PyObject *g_resume_py;        /* the Python Continuation.resume           */
 static PyObject *g_performed;        /* handlers.PERFORMED                       */
 static PyObject *g_returned, *g_raised; /* fibers.RETURNED, fibers.RAISED        */
-static Py_ssize_t off_glet, off_thread, off_job, off_shallow;   /* Fiber        */
-static Py_ssize_t off_mail, off_serial, off_dropped;            /* ThreadState  */
-static Py_ssize_t off_top, off_base, off_k_shallow;             /* Continuation */
-static Py_ssize_t off_tr_chain, off_tr_send;                    /* _TailResume  */
 
 /* obj.<slot at off> = v (v borrowed). */
 static inline void
@@ -573,24 +569,9 @@ bind_round_trip(PyObject *Py_UNUSED(module), PyObject *args)
         PyErr_SetString(PyExc_TypeError, "_bind_round_trip: bad arguments");
         return NULL;
     }
-    Py_ssize_t o_glet, o_thread, o_job, o_shallow, o_mail, o_serial, o_dropped, o_top, o_base,
-               o_kshallow, o_ctop, o_cbase, o_trc, o_trs;
-    if (slot_offset(g_fiber_t, "glet", &o_glet, NULL) || slot_offset(g_fiber_t, "thread", &o_thread, NULL) ||
-            slot_offset(g_fiber_t, "job", &o_job, NULL) || slot_offset(g_fiber_t, "shallow", &o_shallow, NULL) ||
-            slot_offset(g_tstate_t, "mail", &o_mail, NULL) || slot_offset(g_tstate_t, "serial", &o_serial, NULL) ||
-            slot_offset(g_tstate_t, "dropped", &o_dropped, NULL) ||
-            slot_offset((PyTypeObject *)cont_t, "top", &o_top, NULL) ||
-            slot_offset((PyTypeObject *)cont_t, "base", &o_base, NULL) ||
-            slot_offset((PyTypeObject *)cont_t, "shallow", &o_kshallow, NULL) ||
-            slot_offset((PyTypeObject *)chain_t, "top", &o_ctop, NULL) ||
-            slot_offset((PyTypeObject *)chain_t, "base", &o_cbase, NULL) ||
-            slot_offset(g_tail_t, "chain", &o_trc, NULL) || slot_offset(g_tail_t, "send", &o_trs, NULL))
+    if (check_data_type(chain_t, &KChain_Type, "Chain") ||
+            check_data_type(cont_t, &KContinuation_Type, "Continuation"))
         return NULL;
-    if (o_ctop != o_top || o_cbase != o_base ||
-            !PyType_IsSubtype((PyTypeObject *)cont_t, (PyTypeObject *)chain_t)) {
-        PyErr_SetString(PyExc_TypeError, "_bind_round_trip: Continuation must extend Chain's slots");
-        return NULL;
-    }
     PyObject *descr = PyDescr_NewMethod((PyTypeObject *)cont_t, &resume_def);
     PyObject *del = descr == NULL ? NULL : PyDescr_NewMethod((PyTypeObject *)cont_t, &del_def);
     PyObject *pair = del == NULL ? NULL : PyTuple_Pack(2, descr, del);
@@ -608,18 +589,6 @@ bind_round_trip(PyObject *Py_UNUSED(module), PyObject *args)
     Py_XSETREF(g_performed, Py_NewRef(performed));
     Py_XSETREF(g_returned, Py_NewRef(returned));
     Py_XSETREF(g_raised, Py_NewRef(raised));
-    off_glet = o_glet;
-    off_thread = o_thread;
-    off_job = o_job;
-    off_shallow = o_shallow;
-    off_mail = o_mail;
-    off_serial = o_serial;
-    off_dropped = o_dropped;
-    off_top = o_top;
-    off_base = o_base;
-    off_k_shallow = o_kshallow;
-    off_tr_chain = o_trc;
-    off_tr_send = o_trs;
     Py_XSETREF(g_unwind_fn, Py_NewRef(unwind_fn));
     rt_bound = 1;
     return pair;
