@@ -98,6 +98,7 @@ def _fake_venv(root: Path) -> Path:
     libdir.mkdir(parents=True)
     (library,) = kina_fx_config("--library")
     shutil.copy(library, libdir / "libkina_fx.so")
+    shutil.copy(Path(library).parent / "_libkina_fx_cpython.so", libdir)  # what the loader loads
     return libdir / "libkina_fx.so"
 
 
