@@ -133,17 +133,20 @@ def _c_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _link(sources: list[str], target: str, extra: list[str], verbose: bool) -> None:
+def _link(source: str, target: str, extra: list[str], verbose: bool) -> None:
     """Compile and link one shared object.  Not through setuptools or cffi's
     compile(): both add libpython or the build interpreter's RPATH on some
     platforms, and the point here is that neither lib depends on them."""
+    # Each source is compiled from its own directory under its bare name: the
+    # object's file symbol then names no directory of the build machine.
     cmd = [*_compiler(), "-shared", "-fPIC", "-O2", "-fvisibility=hidden", "-Wall",
-           f"-I{HERE}", *shlex.split(os.environ.get("CFLAGS", "")), *sources, "-o", target,
+           f"-I{HERE}", *shlex.split(os.environ.get("CFLAGS", "")), os.path.basename(source),
+           "-o", target,
            f"-Wl,--version-script={os.path.join(HERE, 'exports.map')}",
            *extra, *shlex.split(os.environ.get("LDFLAGS", "")), "-ldl", "-lpthread"]
     if verbose:
         print(" ".join(shlex.quote(c) for c in cmd))
-    result = subprocess.run(cmd, capture_output=True, text=True)
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.dirname(source))
     if result.returncode != 0:
         raise RuntimeError(f"compiling {os.path.basename(target)} failed:\n"
                            f"{' '.join(shlex.quote(c) for c in cmd)}\n{result.stdout}{result.stderr}")
@@ -185,7 +188,7 @@ def build(outdir: str, verbose: bool = False, interpreter: str | None = None) ->
         paths = sysconfig.get_paths()
         includes = sorted({paths["include"], paths["platinclude"]})
         embedded = os.path.join(tmp, EMBEDDED_LIBRARY)
-        _link([embedded_c], embedded, [*(f"-I{p}" for p in includes),
+        _link(embedded_c, embedded, [*(f"-I{p}" for p in includes),
                                        f"-Wl,-soname,{EMBEDDED_LIBRARY}", "-Wl,-Bsymbolic"], verbose)
 
         _loader_table(os.path.join(tmp, "kina_loader_exports.h"))
@@ -198,7 +201,7 @@ def build(outdir: str, verbose: bool = False, interpreter: str | None = None) ->
             "KINA_EDITABLE_PYTHON": _c_string(interpreter or ""),
         }
         loader = os.path.join(tmp, LIBRARY)
-        _link([os.path.join(HERE, "kina_loader.c")], loader,
+        _link(os.path.join(HERE, "kina_loader.c"), loader,
               [f"-I{tmp}", *(f"-D{k}={v}" for k, v in defines.items()), f"-Wl,-soname,{LIBRARY}"],
               verbose)
 
