@@ -42,7 +42,7 @@ bench: $(STAMP)
 # mypy --strict and pyright on a typed user program (tests/typing) and the typed API.
 typecheck: $(DEV_STAMP)
 	$(PY) -m mypy --strict tests/typing
-	$(VENV)/bin/basedpyright --project tests/typing
+	$(VENV)/bin/basedpyright --pythonpath $(PY) --project tests/typing
 
 # The API reference from the docstrings; any Sphinx warning fails the build.
 docs: $(DEV_STAMP)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any, Tuple
 
 import numpy as np
 
@@ -185,7 +186,7 @@ def kina_py_gpu_free_all():
 CALLBACKS = {name: fn for name, fn in globals().items() if name.startswith("kina_py_")}
 
 
-def attach(ffi, lib) -> None:
+def attach(ffi: Any, lib: Any) -> None:
     """Bind every ``extern "Python"`` callback of the embedded module (run by its init code).
 
     Raises InternalError if the C table names a callback this module lacks, so
@@ -258,7 +259,7 @@ def header_dir() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
 
 
-def load_library():
+def load_library() -> Tuple[Any, Any]:
     """``(ffi, lib)`` for the built libkina_fx.so, opened in this process (ABI mode).
 
     Inside a running Python the library uses this interpreter; the exports
