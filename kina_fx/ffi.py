@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import os
 import threading
+from typing import Any, Tuple
 
 from .errors import GpuError, InternalError, Status, status_of
 
@@ -86,7 +87,7 @@ def take_last_exception(status: int) -> BaseException | None:
 
 # ---- binding the callbacks -----------------------------------------------------------
 
-def attach(ffi, lib) -> None:
+def attach(ffi: Any, lib: Any) -> None:
     """Bind every ``extern "Python"`` callback of the embedded module (run by its init code).
 
     Callbacks of the eager modules are bound to their functions; every other
@@ -200,7 +201,7 @@ def header_dir() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
 
 
-def load_library():
+def load_library() -> Tuple[Any, Any]:
     """``(ffi, lib)`` for the built libkina_fx.so, opened in this process (ABI mode).
 
     Inside a running Python the library uses this interpreter; the exports

@@ -36,6 +36,7 @@ import threading
 import types
 import warnings
 import weakref
+from typing import Any, Callable, Optional, Tuple
 
 from greenlet import GreenletExit, getcurrent, greenlet
 
@@ -132,7 +133,8 @@ class Fiber(data_type("FiberData", ("stack", "handler", "shallow", "parent", "th
 
     __slots__ = ()
 
-    def __init__(self, job=None, handler=None, shallow=False, thread=None):
+    def __init__(self, job: Optional[Tuple[Callable[..., Any], Optional[Tuple[Any, ...]]]] = None,
+                 handler: Any = None, shallow: bool = False, thread: Optional[int] = None) -> None:
         self.stack = []
         self.handler = handler
         self.shallow = shallow
@@ -142,7 +144,7 @@ class Fiber(data_type("FiberData", ("stack", "handler", "shallow", "parent", "th
         self.glet = None
         self.unwinder = None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = ("running" if self is local.state.current else
                  "new" if self.job is not None else
                  "finished" if self.glet is None else "suspended")
@@ -154,7 +156,7 @@ class Chain(data_type("ChainData", ("top", "base"))):
 
     __slots__ = ()
 
-    def __init__(self, top: Fiber, base: Fiber):
+    def __init__(self, top: Optional[Fiber], base: Optional[Fiber]) -> None:
         self.top = top
         self.base = base
 
@@ -165,7 +167,7 @@ class ThreadState(data_type("ThreadStateData", ("serial", "current", "mail", "ou
 
     __slots__ = ()
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.serial = next(_serials)  # this thread's token (fibers record it)
         root = Fiber(thread=self.serial)
         root.glet = getcurrent()
@@ -200,7 +202,8 @@ def current() -> Fiber:
     return local.state.current
 
 
-def new_fiber(fn, args=(), handler=None, shallow=False) -> Fiber:
+def new_fiber(fn: Callable[..., Any], args: Optional[Tuple[Any, ...]] = (), handler: Any = None,
+              shallow: bool = False) -> Fiber:
     """A fiber that will run ``fn(*args)`` when first switched into.
 
     With ``args=None`` it runs ``fn(value)``, ``value`` being what the first
@@ -214,7 +217,7 @@ def thread_token() -> int:
     return local.state.serial
 
 
-def check_owner(owned, what: str = "fiber") -> None:
+def check_owner(owned: Any, what: str = "fiber") -> None:
     """Raise WrongThread unless the running OS thread owns ``owned`` (anything
     with a ``thread`` token: a fiber, a Stepper, a C handler)."""
     serial = local.state.serial
@@ -239,7 +242,7 @@ def check_owner(owned, what: str = "fiber") -> None:
 # the suspension point; switch_into returns the message, suspend the send pair.
 
 
-def switch_into(chain: Chain, send):
+def switch_into(chain: Chain, send: Tuple[bool, Any]) -> Any:
     """Resume ``chain`` from the running fiber; return the message sent back to us."""
     st = local.state
     if st.dropped:
@@ -266,12 +269,12 @@ def switch_into(chain: Chain, send):
     return _switch(glet)
 
 
-def post(base: Fiber, message) -> None:
+def post(base: Fiber, message: Any) -> None:
     """First half of suspending: address ``message`` to the resumer of ``base``."""
     local.state.outbox = (base, message)
 
 
-def suspend():
+def suspend() -> Any:
     """Second half: detach the running chain and deliver the posted message."""
     st = local.state
     base, st.mail = st.outbox

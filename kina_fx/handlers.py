@@ -29,6 +29,7 @@ therefore run in constant stack, however many effects are performed.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 
@@ -121,14 +122,53 @@ class _Forward:
 FORWARD = _Forward()
 
 
+_CALLED_AS = {"on": "clause(k, *args): the continuation, then the arguments of perform",
+              "fun": "clause(*args): the arguments of perform"}
+
+
 def _check_clauses(clauses, what):
-    clauses = dict(clauses or {})
+    if clauses is None:
+        return {}
+    try:
+        clauses = dict(clauses)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} must map each Effect to its clause, as in "
+                        f"Handler({what}={{effect: clause}}), not {clauses!r}") from None
     for effect, clause in clauses.items():
         if not isinstance(effect, Effect):
             raise TypeError(f"{what} keys must be Effect instances, not {effect!r}")
         if not callable(clause):
             raise TypeError(f"{what} clause for {effect!r} is not callable")
     return clauses
+
+
+_ARITY_MESSAGE = re.compile(r"^([\w.<>]+)\(\) (?:takes|missing|got)")
+
+
+def _explain_clause_error(handler, exc):
+    """When ``exc`` is Python's TypeError for calling one of ``handler``'s
+    clauses with the wrong arguments, add which effect's clause it was and how
+    clauses are called.  Runs only on the way out of a failed handler, so the
+    hot path pays nothing (no signature is inspected when a handler is built:
+    handlers are built in hot loops)."""
+    message = str(exc)
+    match = _ARITY_MESSAGE.match(message)
+    if match is None or "clause for" in message:
+        return
+    codes = set()
+    tb = exc.__traceback__
+    while tb is not None:   # a frame of the clause itself: the error is inside it
+        codes.add(tb.tb_frame.f_code)
+        tb = tb.tb_next
+    culprits = [(what, effect) for what, clauses in (("on", handler.on), ("fun", handler.fun))
+                for effect, clause in clauses.items()
+                if getattr(clause, "__qualname__", None) == match.group(1)
+                and getattr(getattr(clause, "__func__", clause), "__code__", None) not in codes]
+    if len(culprits) == 1:
+        what, effect = culprits[0]
+        article = "an" if what == "on" else "a"
+        exc.args = (f"{message} (the {what!r} clause for {effect!r} of {handler!r}; "
+                    f"{article} {what!r} clause is called as {_CALLED_AS[what]})",)
 
 
 class Handler(data_type("HandlerData", ("on", "fun", "ret", "exc"))):
@@ -162,10 +202,14 @@ class Handler(data_type("HandlerData", ("on", "fun", "ret", "exc"))):
 
     def run(self, fn, *args):
         """Run ``fn(*args)`` under this handler (deep; OCaml ``match_with``)."""
-        if not self.on and not _stack_is_deep():
-            return self._run_in_place(fn, args)
-        chain = Chain(*(2 * (fibers.new_fiber(fn, args, self),)))
-        return _drive(chain, (False, None))
+        try:
+            if not self.on and not _stack_is_deep():
+                return self._run_in_place(fn, args)
+            chain = Chain(*(2 * (fibers.new_fiber(fn, args, self),)))
+            return _drive(chain, (False, None))
+        except TypeError as exc:
+            _explain_clause_error(self, exc)
+            raise
 
     def _run_in_place(self, fn, args):
         # Without control clauses nothing can suspend to this handler, so the
@@ -191,8 +235,10 @@ class Handler(data_type("HandlerData", ("on", "fun", "ret", "exc"))):
         push_handler(self)
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, exc_type, exc, traceback):
         pop_handler(self)
+        if isinstance(exc, TypeError):
+            _explain_clause_error(self, exc)
         return False
 
     def __repr__(self):

@@ -28,7 +28,7 @@ embedded library's or this module's) or plain integer addresses.
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence, Tuple
 
 import cffi
 import numpy as np
@@ -58,8 +58,8 @@ class Descriptor(NamedTuple):
     allocated: int
     aligned: int
     offset: int
-    sizes: tuple
-    strides: tuple
+    sizes: Tuple[int, ...]
+    strides: Tuple[int, ...]
 
     def nbytes_needed(self, itemsize: int) -> int:
         """Bytes a dense row-major buffer of these sizes needs."""
@@ -105,7 +105,7 @@ def _decode(rank: int, raw: bytes, name: str) -> Descriptor:
     return _tuple_new(Descriptor, (rank, allocated, aligned, words[2], sizes, words[3 + rank:]))
 
 
-def read_descriptor(ptr, name: str = "memref") -> Descriptor:
+def read_descriptor(ptr: Any, name: str = "memref") -> Descriptor:
     """Validate and decode an unranked memref: null pointers, rank range, sizes.
 
     Raises ValidationError before reading anything a bad rank would put out of
@@ -139,7 +139,7 @@ def _extent(d: Descriptor, itemsize: int, name: str):
     return lo_addr, hi_addr - lo_addr, (aligned + offset * itemsize) - lo_addr
 
 
-def numpy_view(d: Descriptor, dtype, name: str = "memref") -> np.ndarray:
+def numpy_view(d: Descriptor, dtype: Any, name: str = "memref") -> np.ndarray:
     """A writable NumPy array over the descriptor's memory (no copy).
 
     Honours any offset and strides, negative or zero included.  The view does
@@ -167,7 +167,7 @@ def _is_device_pointer(cp, address: int) -> bool:
     return getattr(attrs, "type", 0) in (2, 3)
 
 
-def cupy_view(d: Descriptor, dtype, cp, name: str = "memref"):
+def cupy_view(d: Descriptor, dtype: Any, cp: Any, name: str = "memref") -> Any:
     """A CuPy array over the descriptor's device or managed memory (no copy).
 
     Returns None when the memory is plain host memory that the device cannot
@@ -186,7 +186,8 @@ def cupy_view(d: Descriptor, dtype, cp, name: str = "memref"):
     return cp.ndarray(d.sizes, dtype, ptr, strides)
 
 
-def host_staged(d: Descriptor, dtype, cp, name: str = "memref"):
+def host_staged(d: Descriptor, dtype: Any, cp: Any,
+                name: str = "memref") -> Tuple[Any, Callable[[], None]]:
     """A device copy of host memory and a function that writes it back.
 
     Used on the CUDA backend for operands the device cannot address (a host's
@@ -237,7 +238,7 @@ def identity(array) -> tuple:
     return (address, shape, strides, array.dtype.str)
 
 
-def write_allocation(ptr, address: int, element_size: int, name: str = "memref") -> Descriptor:
+def write_allocation(ptr: Any, address: int, element_size: int, name: str = "memref") -> Descriptor:
     """Point an existing descriptor at a new row-major buffer, in place.
 
     Writes allocated = aligned = ``address``, offset 0 and row-major strides
@@ -261,7 +262,7 @@ def write_allocation(ptr, address: int, element_size: int, name: str = "memref")
     return read_descriptor(p, name)
 
 
-def allocation_bytes(ptr, element_size: int, name: str = "memref") -> int:
+def allocation_bytes(ptr: Any, element_size: int, name: str = "memref") -> int:
     """Bytes ``runtime_gpu_alloc_unranked`` must allocate for this descriptor.
 
     Validates element_size (KinaTypeError unless 2, 4 or 8), the sizes
@@ -298,13 +299,13 @@ class ViewCache:
 
     __slots__ = ("dtype", "output", "views")
 
-    def __init__(self, dtype, output: bool = False):
+    def __init__(self, dtype: Any, output: bool = False) -> None:
         self.dtype = np.dtype(dtype)
         self.output = output
         self.views: dict = {}
         _caches.append(self.views)
 
-    def view(self, ptr, name: str = "memref") -> np.ndarray:
+    def view(self, ptr: Any, name: str = "memref") -> np.ndarray:
         if not ptr:
             raise ValidationError(f"{name}: null memref pointer")
         rank = ptr.rank
@@ -351,7 +352,7 @@ class UnrankedMemref:
     Keeps the array and both C structs alive; ``pointer`` is what a C export takes.
     """
 
-    def __init__(self, array: np.ndarray | None, rank: int, words: list):
+    def __init__(self, array: np.ndarray | None, rank: int, words: list[int]) -> None:
         self.array = array
         self.words = ffi.new("int64_t[]", max(len(words), 1))
         for i, w in enumerate(words):
@@ -396,7 +397,7 @@ def from_numpy(array: np.ndarray, offset_elements: int = 0) -> UnrankedMemref:
     return UnrankedMemref(array, array.ndim, words)
 
 
-def empty_descriptor(sizes) -> UnrankedMemref:
+def empty_descriptor(sizes: Sequence[int]) -> UnrankedMemref:
     """A descriptor with sizes but no storage: what an MLIR host passes to alloc."""
     sizes = list(sizes)
     return UnrankedMemref(None, len(sizes), [0, 0, 0, *sizes, *([0] * len(sizes))])

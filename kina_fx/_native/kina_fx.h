@@ -51,11 +51,60 @@ typedef struct {
     int64_t sizes_and_strides[];
 } kina_memref_descriptor_t;
 
+/* Fixed-rank descriptors: MLIR's StridedMemRefType<T, N> in C, with the
+ * layout of kina_memref_descriptor_t (sizes[N] then strides[N] are its
+ * sizes_and_strides).  KINA_MEMREF_TYPEDEF declares one for any element type
+ * and rank >= 1; the common ones are predefined.  Pass one to an export as
+ * kina_unranked(N, &descriptor):
+ *
+ *     float a[6];
+ *     kina_memref_f32_2d_t d = {a, a, 0, {2, 3}, {3, 1}};
+ *     kina_unranked_memref_t m = kina_unranked(2, &d);
+ */
+#define KINA_MEMREF_TYPEDEF(T, N, name) \
+    typedef struct {                     \
+        T *allocated;                    \
+        T *aligned;                      \
+        int64_t offset;                  \
+        int64_t sizes[N];                \
+        int64_t strides[N];              \
+    } name
+
+/* Rank 0: no sizes or strides (the element is aligned[offset]). */
+typedef struct {
+    float *allocated;
+    float *aligned;
+    int64_t offset;
+} kina_memref_f32_0d_t;
+
+KINA_MEMREF_TYPEDEF(float, 1, kina_memref_f32_1d_t);
+KINA_MEMREF_TYPEDEF(float, 2, kina_memref_f32_2d_t);
+KINA_MEMREF_TYPEDEF(float, 3, kina_memref_f32_3d_t);
+KINA_MEMREF_TYPEDEF(float, 4, kina_memref_f32_4d_t);
+/* f16 elements as their IEEE-754 binary16 bits: C has no portable half type. */
+KINA_MEMREF_TYPEDEF(uint16_t, 1, kina_memref_f16_1d_t);
+KINA_MEMREF_TYPEDEF(uint16_t, 2, kina_memref_f16_2d_t);
+KINA_MEMREF_TYPEDEF(uint16_t, 3, kina_memref_f16_3d_t);
+KINA_MEMREF_TYPEDEF(uint16_t, 4, kina_memref_f16_4d_t);
+KINA_MEMREF_TYPEDEF(int64_t, 1, kina_memref_i64_1d_t);
+KINA_MEMREF_TYPEDEF(int64_t, 2, kina_memref_i64_2d_t);
+KINA_MEMREF_TYPEDEF(int64_t, 3, kina_memref_i64_3d_t);
+KINA_MEMREF_TYPEDEF(int64_t, 4, kina_memref_i64_4d_t);
+
+/* The unranked memref an export takes, for a descriptor of rank `rank`. */
+static inline kina_unranked_memref_t kina_unranked(int64_t rank, void *descriptor)
+{
+    kina_unranked_memref_t m;
+    m.rank = rank;
+    m.descriptor = descriptor;
+    return m;
+}
+
 /* ---- library ---------------------------------------------------------- */
 int32_t kina_abi_version(void);
 const char *kina_last_error(void);
 
-/* ---- memref runtime (shared/seeds/000, 001) ---------------------------- */
+/* ---- memref runtime (docs/spec.md, "Memref runtime") ------------------- */
 /* The copy and compute exports: one per row of the runtime op table
  * (kina_fx/runtime_ops.py, generated below; docs/abi.md "Runtime ops").  Each
  * takes unranked memrefs, outputs first, then int32_t parameters, and returns
@@ -124,11 +173,11 @@ int32_t _mlir_ciface_runtime_gpu_alloc_unranked(kina_unranked_memref_t *memref,
 /* Free every buffer runtime_gpu_alloc_unranked returned; safe to repeat. */
 int32_t runtime_gpu_free_all(void);
 
-/* ---- effects C ABI (shared/seeds/001 section 3; docs/abi.md) ----------------
+/* ---- effects C ABI (docs/spec.md, "Effects C ABI"; docs/abi.md) ---------------
  *
- * Stability (shared/seeds/001): [stable] functions keep their signature and
+ * Stability (docs/spec.md): [stable] functions keep their signature and
  * meaning until a major ABI version bump; [unstable] ones may change in a
- * minor version.  The four functions the seed names are [stable].
+ * minor version.  The four functions the specification names are [stable].
  *
  * Model.  A fiber is a stackful coroutine running a C entry function.  Each
  * fiber has one handler stack, shared with Python: C handlers pushed with

@@ -1,6 +1,8 @@
-/* The C part of libkina_fx.so: the exported wrappers, the Python start-up
- * guard and kina_last_error.  cffi compiles this file (kina_fx/_native/build.py
- * passes it to set_source) after its own prelude, so Python.h is included.
+/* The C part of _libkina_fx_cpython.so: the exported wrappers, the Python
+ * start-up guard and kina_last_error.  cffi compiles this file (kina_fx/_native/
+ * build.py passes it to set_source) after its own prelude, so Python.h is
+ * included.  Hosts link libkina_fx.so (kina_loader.c), which loads libpython
+ * and this library and forwards every export here.
  *
  * Why hand-written wrappers: a bare cffi export returns 0 (Success in our ABI)
  * when Python failed to start or no Python code is attached.  Each export here
@@ -68,10 +70,6 @@ KINA_API int32_t kina_abi_version(void) { return KINA_ABI_VERSION; }
 
 /* ---- starting Python ----------------------------------------------------- */
 
-#ifndef KINA_FX_BUILD_PYTHON
-#define KINA_FX_BUILD_PYTHON ""
-#endif
-
 static pthread_once_t kina__once = PTHREAD_ONCE_INIT;
 static int32_t kina__init_status = KINA_STATUS_INTERNAL;
 static char kina__init_message[KINA_ERROR_CAP] = "kina_fx: Python was never started";
@@ -83,50 +81,22 @@ static void kina__set_init_error(const char *message)
     kina__init_status = KINA_STATUS_INTERNAL;
 }
 
-static int kina__is_executable(const char *path)
+/* The interpreter of the environment libkina_fx.so is installed in.  The
+ * loader (kina_loader.c, the libkina_fx.so hosts link) finds it, loads its
+ * libpython and calls this before any export; "" when Python already ran. */
+static char kina__python[PATH_MAX];
+
+KINA_API void kina__set_interpreter(const char *path)
 {
-    return path[0] != '\0' && access(path, X_OK) == 0;
+    snprintf(kina__python, sizeof kina__python, "%s", path ? path : "");
 }
 
-/* The interpreter of the environment this library was installed into:
- * $KINA_FX_PYTHON, else <venv>/bin/python3 for the first directory above this
- * .so holding pyvenv.cfg (a regular install), else the interpreter that built
- * the library (an editable install keeps the .so in the source tree). */
 static int kina__find_python(char *out, size_t cap)
 {
-    const char *env = getenv("KINA_FX_PYTHON");
-    if (env && kina__is_executable(env)) {
-        snprintf(out, cap, "%s", env);
-        return 0;
-    }
-    Dl_info info;
-    char dir[PATH_MAX];
-    if (dladdr((void *)&kina__find_python, &info) && info.dli_fname
-        && realpath(info.dli_fname, dir)) {
-        char *slash;
-        while ((slash = strrchr(dir, '/')) != NULL) {
-            *slash = '\0';
-            char probe[PATH_MAX + 32];
-            snprintf(probe, sizeof probe, "%s/pyvenv.cfg", dir[0] ? dir : "");
-            if (access(probe, R_OK) == 0) {
-                static const char *names[] = {"/bin/python3", "/bin/python"};
-                for (size_t i = 0; i < 2; i++) {
-                    snprintf(probe, sizeof probe, "%s%s", dir, names[i]);
-                    if (kina__is_executable(probe)) {
-                        snprintf(out, cap, "%s", probe);
-                        return 0;
-                    }
-                }
-            }
-            if (dir[0] == '\0')
-                break;
-        }
-    }
-    if (kina__is_executable(KINA_FX_BUILD_PYTHON)) {
-        snprintf(out, cap, "%s", KINA_FX_BUILD_PYTHON);
-        return 0;
-    }
-    return -1;
+    if (kina__python[0] == '\0')
+        return -1;
+    snprintf(out, cap, "%s", kina__python);
+    return 0;
 }
 
 /* A host that dlopen()ed us with RTLD_LOCAL left libpython's symbols private;
