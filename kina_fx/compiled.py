@@ -33,7 +33,10 @@ else the exception class of that status with ``kina_last_error``'s text
 :class:`~kina_fx.memory_tape.BufferTracer` that knows each argument's buffer
 as its Tensor: the runtime ops the compiled code calls are computed by
 autograd's primitives and recorded by the live trace, and each output is
-returned as the Tensor its buffer holds.  The tracer is strict by default: a
+returned as the Tensor its buffer holds.  A Tensor argument is passed as a
+copy of its value, so compiled code that updates an argument in place leaves
+the Tensor (and what backward computes from it) as it was; plain arrays are
+passed as they are, and declared constant.  The tracer is strict by default: a
 floating buffer the compiled code computed without runtime calls (loops), or
 an output it did not produce with one, raises
 :class:`~kina_fx.memory_tape.TapeError` instead of yielding a wrong gradient.
@@ -45,6 +48,7 @@ import os
 from . import autograd as ad
 from . import ffi, memref
 from .errors import exception_for
+from .gpu_ops import array_module
 from .memory_tape import BufferTracer
 
 __all__ = ["load", "CompiledModule", "CompiledFunction"]
@@ -138,6 +142,10 @@ class CompiledFunction:
             array = a.data if isinstance(a, ad.Tensor) else a
             if i < self.outputs and isinstance(a, ad.Tensor):
                 raise TypeError(f"{self.name}: output {i} must be an array to write into, not a Tensor")
+            if tracer is not None and isinstance(a, ad.Tensor):
+                # Backward reads the Tensor's value: compiled code that writes
+                # its argument in place must write a copy, not that value.
+                array = array_module(array).array(array, copy=True)
             m = memref.descriptor_of(array)
             keep.append(m)
             if kind == UNRANKED:

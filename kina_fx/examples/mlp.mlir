@@ -15,6 +15,7 @@
 //   @mlp_grads_loops   the same around @mlp_loss_loops (fails in strict mode)
 //   @mlp_problem       fills a deterministic problem of any size
 //   @relu_any          relu over unranked memrefs (kina_unranked_memref_t *)
+//   @scale_in_place    x *= w, loss = sum(x): an argument updated in place
 //   @main              for mlir-cpu-runner-19: N=6, D=4, H=5, C=3; prints the
 //                      gradients, a checksum, and the tape's error reports
 // Every function returns the first non-zero status it met (KINA_STATUS_*).
@@ -30,10 +31,12 @@
 !forward = (!m0, !m2, !l1, !m2, !m1, !m2, !m1) -> i32
 
 module {
-  // ---- the runtime ops this network uses (kina_fx.h) ----
+  // ---- the runtime ops this module uses (kina_fx.h) ----
   func.func private @runtime_gpu_matmul_f32(memref<*xf32>, memref<*xf32>, memref<*xf32>) -> i32 attributes {llvm.emit_c_interface}
   func.func private @runtime_add_f32(memref<*xf32>, memref<*xf32>, memref<*xf32>) -> i32 attributes {llvm.emit_c_interface}
   func.func private @runtime_relu_f32(memref<*xf32>, memref<*xf32>) -> i32 attributes {llvm.emit_c_interface}
+  func.func private @runtime_mul_f32(memref<*xf32>, memref<*xf32>, memref<*xf32>) -> i32 attributes {llvm.emit_c_interface}
+  func.func private @runtime_sum_f32(memref<*xf32>, memref<*xf32>, i32, i32) -> i32 attributes {llvm.emit_c_interface}
   func.func private @runtime_cross_entropy_f32(memref<*xf32>, memref<*xf32>, memref<*xi64>) -> i32 attributes {llvm.emit_c_interface}
 
   // ---- the tape ABI in its MLIR form: the handle is an i64 ----
@@ -142,6 +145,23 @@ module {
   func.func @relu_any(%out: memref<*xf32>, %x: memref<*xf32>) -> i32 attributes {llvm.emit_c_interface} {
     %s = call @runtime_relu_f32(%out, %x) : (memref<*xf32>, memref<*xf32>) -> i32
     return %s : i32
+  }
+
+  // An export that updates an argument in place: x *= w, then loss = sum(x).
+  // d loss / d w is the x it was called with, which the tape must have kept.
+  func.func @scale_in_place(%loss: memref<*xf32>, %x: memref<*xf32>, %w: memref<*xf32>) -> i32
+      attributes {llvm.emit_c_interface} {
+    %ok = arith.constant 0 : i32
+    %all = arith.constant -2147483648 : i32  // KINA_ALL_AXES
+    %keepdims = arith.constant 0 : i32
+    %s1 = call @runtime_mul_f32(%x, %x, %w) : (memref<*xf32>, memref<*xf32>, memref<*xf32>) -> i32
+    %ok1 = arith.cmpi eq, %s1, %ok : i32
+    cf.cond_br %ok1, ^sum, ^done(%s1 : i32)
+  ^sum:
+    %s2 = call @runtime_sum_f32(%loss, %x, %all, %keepdims) : (memref<*xf32>, memref<*xf32>, i32, i32) -> i32
+    cf.br ^done(%s2 : i32)
+  ^done(%status: i32):
+    return %status : i32
   }
 
   // ---- gradients through a tape ----

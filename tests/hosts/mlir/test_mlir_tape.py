@@ -62,6 +62,8 @@ int32_t _mlir_ciface_mlp_problem(kina_memref_descriptor_t *x, kina_memref_descri
     kina_memref_descriptor_t *w1, kina_memref_descriptor_t *b1, kina_memref_descriptor_t *w2,
     kina_memref_descriptor_t *b2);
 int32_t _mlir_ciface_relu_any(kina_unranked_memref_t *out, kina_unranked_memref_t *x);
+int32_t _mlir_ciface_scale_in_place(kina_unranked_memref_t *loss, kina_unranked_memref_t *x,
+    kina_unranked_memref_t *w);
 """
 
 # check -> (status, text kina_last_error must contain or None); the hosts that
@@ -139,6 +141,7 @@ def mlp(built):
         grads_loops=mod.function("_mlir_ciface_mlp_grads_loops", outputs=5),
         problem=mod.function("_mlir_ciface_mlp_problem", outputs=6),
         relu_any=mod.function("_mlir_ciface_relu_any", outputs=1),
+        scale_in_place=mod.function("_mlir_ciface_scale_in_place", outputs=1),
     )
 
 
@@ -427,6 +430,21 @@ def test_unranked_parameters_take_any_rank_and_differentiate(mlp, no_leftovers):
     np.testing.assert_array_equal(out, np.maximum(x, 0))
     g = ad.grad(lambda t: ad.sum(ad.mul(mlp.relu_any(np.zeros_like(x), t), x)))(x)
     np.testing.assert_array_equal(np.asarray(g), np.where(x > 0, x, 0))
+
+
+@needs_mlir
+def test_compiled_code_updating_a_traced_argument_in_place(mlp, no_leftovers):
+    """The tape differentiates what the call saw: x's value before x *= w, not after."""
+    x0 = np.array([1.5, -2.0, 0.25], np.float32)
+    w0 = np.array([2.0, 3.0, -4.0], np.float32)
+    x, w = x0.copy(), w0.copy()
+    gx, gw = ad.grad(lambda a, b: mlp.scale_in_place(np.zeros((), np.float32), a, b), argnums=(0, 1))(x, w)
+    np.testing.assert_array_equal(np.asarray(gw), x0)
+    np.testing.assert_array_equal(np.asarray(gx), w0)
+    np.testing.assert_array_equal(x, x0)        # a traced argument's array is not written
+    untraced = x0.copy()
+    assert float(mlp.scale_in_place(np.zeros((), np.float32), untraced, w0)) == pytest.approx(float(x0 @ w0))
+    np.testing.assert_array_equal(untraced, x0 * w0)   # untraced: the call's own effect
 
 
 # ---- (c) the C host ---------------------------------------------------------------
