@@ -102,18 +102,16 @@ class CompiledFunction:
         self.name = name
         self._function = function
         self._kinds = kinds
-        self._snapshots: dict = {}     # (shape, dtype) -> spare arrays for argument snapshots
+        self._snapshots: dict = {}     # (shape, dtype) -> spare buffers for traced arguments' copies
         self.outputs = outputs
         self.strict = strict
 
     def __repr__(self):
         return f"<CompiledFunction {self.name} of {self.module.path}>"
 
-    def _snapshot(self, array):
-        # A copy of an argument's values for the tracer's overwrite check, in a
+    def _spare_copy(self, array):
+        # A copy of a traced argument for the compiled code to work on, in a
         # reused buffer: a fresh one costs page faults on every call.
-        from .gpu_ops import array_module
-
         spares = self._snapshots.get((array.shape, array.dtype.str))
         copy = spares.pop() if spares else array_module(array).empty(array.shape, array.dtype)
         array_module(array).copyto(copy, array)
@@ -139,13 +137,17 @@ class CompiledFunction:
                 c_args.append(a)
                 arrays.append(None)
                 continue
-            array = a.data if isinstance(a, ad.Tensor) else a
-            if i < self.outputs and isinstance(a, ad.Tensor):
+            traced_arg = isinstance(a, ad.Tensor)
+            if i < self.outputs and traced_arg:
                 raise TypeError(f"{self.name}: output {i} must be an array to write into, not a Tensor")
-            if tracer is not None and isinstance(a, ad.Tensor):
-                # Backward reads the Tensor's value: compiled code that writes
-                # its argument in place must write a copy, not that value.
-                array = array_module(array).array(array, copy=True)
+            array = a.data if traced_arg else a
+            if tracer is not None and traced_arg:
+                # Backward reads the Tensor's value: compiled code that updates
+                # its argument in place must write a copy, not that value.  The
+                # copy's buffer is reused across calls; the value itself is what
+                # the copy must still hold when a recorded op reads it.
+                original, array = array, self._spare_copy(array)
+                keep.append(array)
             m = memref.descriptor_of(array)
             keep.append(m)
             if kind == UNRANKED:
@@ -154,9 +156,10 @@ class CompiledFunction:
                 c_args.append(m.descriptor_pointer_for(self.module.ffi))
             arrays.append(m.array)
             if tracer is not None and i >= self.outputs:
-                snapshot = self._snapshot(m.array)
-                keep.append(snapshot)
-                tracer.bind(m.array, a if isinstance(a, ad.Tensor) else m.array, snapshot)
+                if traced_arg:
+                    tracer.bind(m.array, a, original)
+                else:           # a plain array: passed as it is, a constant (copied now)
+                    tracer.declare_constant(m.array)
         if tracer is not None:
             tracer.start()
             try:

@@ -205,13 +205,11 @@ class BufferTracer:
         value = array_module(array).array(array, copy=True)
         self.table[buffer_key(array)] = _Entry(value, value, "constant")
 
-    def bind(self, array, tensor, snapshot) -> None:
-        """Record that ``array``'s buffer holds ``tensor`` (a Python caller's argument:
-        a traced Tensor, or the array itself, a constant held by reference as
-        autograd holds its arguments); ``snapshot`` is a copy of its values,
-        for the overwrite check."""
-        kind = "given" if tensor is not array else "constant"
-        self.table[buffer_key(array)] = _Entry(tensor, snapshot, kind)
+    def bind(self, array, tensor, value) -> None:
+        """Record that ``array``'s buffer holds ``tensor`` (a Python caller's traced
+        argument), whose values are ``value`` (not ``array`` itself: the
+        overwrite check compares the buffer with it)."""
+        self.table[buffer_key(array)] = _Entry(tensor, value, "given")
 
     def produced(self, array, what: str):
         """The Tensor a recorded op wrote into ``array``'s buffer.

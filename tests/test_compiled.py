@@ -128,3 +128,23 @@ def test_a_failing_call_raises_its_status_exception(mod):
         f(np.zeros((), np.float32), X, np.zeros((3, 2), np.float32), np.zeros((3, 2), np.float32))
     with pytest.raises(TypeError, match="output buffer"):
         f()
+
+
+def test_compiled_code_updating_a_plain_array_argument_in_place_keeps_gradients_right(tmp_path):
+    """A constant (plain array) argument updated in place by a runtime op: the tape
+    keeps its own copy, so d/dw is still x, not the updated x * w."""
+    src = tmp_path / "inplace.c"
+    src.write_text('#include "kina_fx.h"\n'
+                   "int32_t scale(kina_unranked_memref_t *loss, kina_unranked_memref_t *x,\n"
+                   "              kina_unranked_memref_t *w) {\n"
+                   "    int32_t rc = _mlir_ciface_runtime_mul_f32(x, x, w);   /* x *= w */\n"
+                   "    return rc ? rc : _mlir_ciface_runtime_sum_f32(loss, x, KINA_ALL_AXES, 0);\n"
+                   "}\n")
+    so = build_fixture_library(src, tmp_path / "inplace.so")
+    f = compiled.load(str(so), f"int32_t scale({M}, {M}, {M});").function("scale", outputs=1)
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    w = np.array([0.5, -1.0, 4.0], np.float32)
+    x_before = x.copy()
+    g = ad.grad(lambda w: f(np.zeros((), np.float32), x, w))(w)
+    np.testing.assert_array_equal(g, x_before)
+    np.testing.assert_array_equal(x, x_before * w)     # the plain array was updated, as asked
