@@ -122,17 +122,49 @@ def xp_kernel(name: str) -> Callable:
     return kernel
 
 
-def _operator_kernel(fn):
-    """A binary kernel that is a Python operator (NumPy and CuPy implement it)."""
-    def kernel(a, b):
-        if a.__class__ is Tensor:
-            a = _raw(a)
-        if b.__class__ is Tensor:
-            b = _raw(b)
-        return fn(a, b)
-    kernel.__name__ = kernel.__qualname__ = f"{fn.__name__}_kernel"
+def _unwrapping(kernel):
+    """Mark a kernel that unwraps Tensors itself: it is its effect's default
+    without a wrapper frame (the arithmetic kernels: the hottest ones)."""
     kernel.unwraps = True
     return kernel
+
+
+# The arithmetic kernels spell the operator out (one bytecode, no call); NumPy
+# and CuPy arrays implement them.
+@_unwrapping
+def _add_kernel(a, b):
+    if a.__class__ is Tensor:
+        a = _raw(a)
+    if b.__class__ is Tensor:
+        b = _raw(b)
+    return a + b
+
+
+@_unwrapping
+def _sub_kernel(a, b):
+    if a.__class__ is Tensor:
+        a = _raw(a)
+    if b.__class__ is Tensor:
+        b = _raw(b)
+    return a - b
+
+
+@_unwrapping
+def _mul_kernel(a, b):
+    if a.__class__ is Tensor:
+        a = _raw(a)
+    if b.__class__ is Tensor:
+        b = _raw(b)
+    return a * b
+
+
+@_unwrapping
+def _div_kernel(a, b):
+    if a.__class__ is Tensor:
+        a = _raw(a)
+    if b.__class__ is Tensor:
+        b = _raw(b)
+    return a / b
 
 
 def _default_for(kernel, nin, sequence):
@@ -225,13 +257,15 @@ def _public_general(prim, prepare):
 
 def _operator_methods(eff):
     def forward(self, other):
-        if other.__class__ is list or other.__class__ is tuple:
+        c = other.__class__
+        if c is not float and (c is list or c is tuple):
             other = _as_array(other)
         r = perform(eff, self, other)
         return r if r.__class__ is Tensor else _plain(r)
 
     def reflected(self, other):
-        if other.__class__ is list or other.__class__ is tuple:
+        c = other.__class__
+        if c is not float and (c is list or c is tuple):
             other = _as_array(other)
         r = perform(eff, other, self)
         return r if r.__class__ is Tensor else _plain(r)
@@ -542,7 +576,7 @@ def _reference_onehot(labels, classes):
     sample=samples.elementwise("real", "real"), reference=lambda np, a, b: a + b)
 class add:
     """``a + b`` with NumPy broadcasting; cotangents are summed over broadcast axes."""
-    kernel = _operator_kernel(_operator.add)
+    kernel = _add_kernel
 
     def vjp_a(o, g, out, a, b):
         return g if g.shape == a.shape else unbroadcast(o, g, a.shape)
@@ -561,7 +595,7 @@ class add:
     sample=samples.elementwise("real", "real"), reference=lambda np, a, b: a - b)
 class sub:
     """``a - b`` with NumPy broadcasting."""
-    kernel = _operator_kernel(_operator.sub)
+    kernel = _sub_kernel
 
     def vjp_a(o, g, out, a, b):
         return g if g.shape == a.shape else unbroadcast(o, g, a.shape)
@@ -580,7 +614,7 @@ class sub:
     sample=samples.elementwise("real", "real"), reference=lambda np, a, b: a * b)
 class mul:
     """``a * b`` with NumPy broadcasting."""
-    kernel = _operator_kernel(_operator.mul)
+    kernel = _mul_kernel
 
     def vjp_a(o, g, out, a, b):
         ct = o.mul(g, b)
@@ -601,7 +635,7 @@ class mul:
     sample=samples.elementwise("real", "away_from_zero"), reference=lambda np, a, b: a / b)
 class div:
     """``a / b`` with NumPy broadcasting."""
-    kernel = _operator_kernel(_operator.truediv)
+    kernel = _div_kernel
 
     def vjp_a(o, g, out, a, b):
         return unbroadcast(o, o.div(g, b), a.shape)
