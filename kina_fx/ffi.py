@@ -108,10 +108,12 @@ class _Operands:
 
 # ---- the callbacks (one per KINA_EXPORTS line of kina_runtime.c) ------------------
 
-def _copy(dst, src, dtype):
+def _copy(dst, src, dtype, device=None):
     ops = _Operands()
     d = ops.get(dst, dtype, "dst", output=True)
     s = ops.get(src, dtype, "src")
+    if device is not None:
+        _check_device_ordinal(device)
     if d.shape != s.shape:
         raise ValidationError(f"copy: dst shape {d.shape} differs from src shape {s.shape}")
     d[...] = s
@@ -120,13 +122,11 @@ def _copy(dst, src, dtype):
 
 
 def kina_py_copy_to_device_f32(dst, src, device):
-    _check_device_ordinal(device)
-    return _copy(dst, src, F32)
+    return _copy(dst, src, F32, device)
 
 
 def kina_py_copy_to_device_f16(dst, src, device):
-    _check_device_ordinal(device)
-    return _copy(dst, src, F16)
+    return _copy(dst, src, F16, device)
 
 
 def kina_py_copy_to_host_f32(dst, src):
@@ -169,6 +169,7 @@ def kina_py_gpu_repeat_interleave_f32(out, x, axis, reps):
 
 
 def kina_py_gpu_alloc_unranked(ptr, element_size):
+    gpu_ops.device()        # KINA_FX_DEVICE is checked first, as by every other export
     nbytes = memref.allocation_bytes(ptr, element_size, "memref")
     address = gpu_ops.allocate(nbytes, memref.ALIGNMENT)
     memref.clear_caches()
