@@ -21,7 +21,7 @@ import threading
 import weakref
 
 from . import handlers
-from .errors import KinaTypeError, ValidationError, exception_for
+from .errors import KinaTypeError, Status, ValidationError, exception_for
 from .fibers import data_type
 from .handlers import Effect, Handler, Stepper
 
@@ -30,8 +30,9 @@ _ffi = None   # the embedded module's ffi, set by attach()
 MAX_ARGS = 16                 # KINA_MAX_ARGS in kina_fx.h
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
-# What a kina_handler_fn returns besides a positive status (kina_fx.h).
+# What a kina_handler_fn returns besides a status in [1, LAST_STATUS] (kina_fx.h).
 HANDLED, FORWARD, SUSPEND = 0, -1, -2
+LAST_STATUS = max(Status)
 
 # kina_fiber_state values (kina_fx.h KINA_FIBER_*), from Stepper.state.
 FIBER_STATES = {Stepper.NEW: 0, Stepper.RUNNING: 1, Stepper.SUSPENDED: 2,
@@ -98,7 +99,7 @@ class HandleTable:
         if handle <= 0 or kind != self.kind:
             raise ValidationError(f"{handle:#x} is not a {self.what} handle")
         if not 0 <= index < len(self._slots):
-            raise ValidationError(f"{handle:#x} is not a live {self.what} handle")
+            raise ValidationError(f"{handle:#x} is not a {self.what} handle (no such slot)")
         slot = self._slots[index]
         obj = slot[1]
         if self.weak and obj is not None:
@@ -223,6 +224,10 @@ class CClause(data_type("CClauseData", ("fn", "ctx", "effect", "effect_id", "fn_
             return handlers.FORWARD
         if rc == SUSPEND:
             return handlers.suspend_to_host(self.effect, *args)
+        if not 0 < rc <= LAST_STATUS:
+            raise ValidationError(
+                f"the C handler for {self.effect.name} returned {rc}, which is not a handler "
+                f"result (KINA_HANDLED 0, KINA_FORWARD -1, KINA_SUSPEND -2 or a status 1-{LAST_STATUS})")
         raise exception_for(rc, f"the C handler for {self.effect.name} failed with status {rc}")
 
     def __repr__(self):
@@ -298,8 +303,21 @@ def _report(stepper, out_state) -> int:
     return 0
 
 
+# A RUNNING fiber is one whose kina_resume_fiber has not returned: the caller
+# itself, one of its resumers, or a fiber whose perform suspended a fiber
+# further out (it runs on when that one is resumed).
+_RUNNING = ("the fiber is running: its kina_resume_fiber has not returned (it is the caller "
+            "or a resumer of the caller, or its perform suspended a fiber further out: "
+            "resume that one)")
+
+
 def kina_py_resume_fiber(handle, value, out_state):
     stepper = _fiber(handle)
+    # A refused call leaves *out_state untouched, as every failed call leaves its outputs.
+    if stepper.state == Stepper.RUNNING:
+        raise ValidationError(f"{_RUNNING}; it cannot be resumed")
+    if stepper.state not in (Stepper.NEW, Stepper.SUSPENDED):
+        raise ValidationError(f"the fiber is {stepper.state}; only a new or suspended fiber can be resumed")
     try:
         stepper.step(int(value))
     finally:
@@ -347,20 +365,20 @@ def kina_py_fiber_result(handle, out_value):
 
 
 def kina_py_cancel_fiber(handle, out_state):
+    _require(out_state, "out_state")
     stepper = _fiber(handle)
     if stepper.state == Stepper.RUNNING:
-        raise ValidationError("the fiber is running; it cannot be cancelled from inside itself")
+        raise ValidationError(f"{_RUNNING}; it cannot be cancelled")
     if stepper.state in (Stepper.NEW, Stepper.SUSPENDED):
         stepper.cancel()
-    if out_state:
-        out_state[0] = FIBER_STATES[stepper.state]
+    out_state[0] = FIBER_STATES[stepper.state]
     return 0
 
 
 def kina_py_fiber_destroy(handle):
     stepper = _fiber(handle)
     if stepper.state == Stepper.RUNNING:
-        raise ValidationError("the fiber is running; destroy it after it suspends or finishes")
+        raise ValidationError(f"{_RUNNING}; destroy it after it suspends or finishes")
     if stepper.state in (Stepper.NEW, Stepper.SUSPENDED):
         stepper.cancel()
     fiber_handles.remove(handle)

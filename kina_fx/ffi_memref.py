@@ -14,6 +14,7 @@ from . import gpu_ops, memref
 
 
 def kina_py_gpu_alloc_unranked(ptr, element_size):
+    gpu_ops.device()        # KINA_FX_DEVICE is checked first, as by every other export
     nbytes = memref.allocation_bytes(ptr, element_size, "memref")
     address = gpu_ops.allocate(nbytes, memref.ALIGNMENT)
     memref.clear_caches()

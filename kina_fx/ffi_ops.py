@@ -102,11 +102,12 @@ def _make_callback(op):
     else:
         def callback(*args):
             params = args[n:]
-            if check_device:
-                check_device_ordinal(params[device_index])
             ops = Operands()
             try:
+                # Check order (docs/abi.md): the memrefs, in parameter order, then the rest.
                 arrays = [ops.get(p, dt, name, out) for p, (dt, out, name) in zip(args, roles)]
+                if check_device:
+                    check_device_ordinal(params[device_index])
                 perform(effect, *arrays, *params)
                 ops.finish()
             finally:

@@ -516,8 +516,16 @@ _abandoned = []
 def suspend_to_host(effect, *args):
     """From inside a handler clause: suspend the nearest :class:`Stepper` fiber
     outside that handler as if it had caught ``effect`` itself; return the value
-    its owner resumes it with."""
-    return perform(_SUSPEND_TO_HOST, effect, args)
+    its owner resumes it with.  :class:`Unhandled` (naming ``effect``, not the
+    private effect used for it) when no Stepper is outside."""
+    try:
+        return perform(_SUSPEND_TO_HOST, effect, args)
+    except Unhandled as exc:
+        if exc.effect is not _SUSPEND_TO_HOST:
+            raise
+    raise Unhandled(effect, args, f"no fiber to suspend for {effect.name}: its handler asked to "
+                                  "suspend (KINA_SUSPEND) but no kina_fiber_create fiber "
+                                  "(Stepper) is outside the handler")
 
 
 class _Catch:

@@ -238,42 +238,62 @@ def identity(array) -> tuple:
     return (address, shape, strides, array.dtype.str)
 
 
+def row_major_strides(sizes, element_size: int, name: str = "memref") -> tuple:
+    """Row-major strides (in elements) for ``sizes``, as alloc writes them.
+
+    A zero size counts as 1, so each stride is the product of the non-zero
+    sizes after it.  ResourceError when a stride, in bytes, does not fit in
+    int64 (possible only for zero-element shapes: otherwise the byte count
+    would overflow first).
+    """
+    strides = [0] * len(sizes)
+    stride = 1
+    for i in reversed(range(len(sizes))):
+        if stride * element_size > _INT64_MAX:
+            raise ResourceError(f"{name}: the row-major stride of dimension {i} of {tuple(sizes)} "
+                                f"x {element_size} bytes overflows 64 bits")
+        strides[i] = stride
+        stride *= max(sizes[i], 1)
+    return tuple(strides)
+
+
 def write_allocation(ptr: Any, address: int, element_size: int, name: str = "memref") -> Descriptor:
     """Point an existing descriptor at a new row-major buffer, in place.
 
     Writes allocated = aligned = ``address``, offset 0 and row-major strides
     into the nested descriptor the unranked pointer refers to: the ``{rank,
     descriptor}`` struct itself is the caller's per-call temporary, so only the
-    nested descriptor's update is seen by an MLIR host.
+    nested descriptor's update is seen by an MLIR host.  Everything is
+    computed (and may fail) before the first word is written.
     """
-    p = _as_unranked(ptr, name)
-    rank = _checked_rank(p, name)
-    if not p.descriptor:
-        raise ValidationError(f"{name}: null descriptor pointer")
-    words = ffi.cast("int64_t *", p.descriptor)
-    sizes = [words[3 + i] for i in range(rank)]
-    stride = 1
-    for i in reversed(range(rank)):
-        words[3 + rank + i] = stride
-        stride *= max(sizes[i], 1)
+    d = read_descriptor(ptr, name)
+    strides = row_major_strides(d.sizes, element_size, name)
+    words = ffi.cast("int64_t *", _as_unranked(ptr, name).descriptor)
+    for i, stride in enumerate(strides):
+        words[3 + d.rank + i] = stride
     words[0] = address
     words[1] = address
     words[2] = 0
-    return read_descriptor(p, name)
+    return read_descriptor(ptr, name)
 
 
 def allocation_bytes(ptr: Any, element_size: int, name: str = "memref") -> int:
     """Bytes ``runtime_gpu_alloc_unranked`` must allocate for this descriptor.
 
-    Validates element_size (KinaTypeError unless 2, 4 or 8), the sizes
-    (ValidationError if negative) and overflow (ResourceError).
+    Validates everything alloc depends on, so that nothing is allocated or
+    written for a request that fails, in parameter order (docs/abi.md, "Check
+    order"): the descriptor (ValidationError: null pointers, rank, negative
+    sizes), element_size (KinaTypeError unless 2, 4 or 8), then the byte
+    count and the row-major strides (ResourceError when either overflows 64
+    bits).
     """
+    d = read_descriptor(ptr, name)
     if element_size not in ELEMENT_SIZES:
         raise KinaTypeError(f"element_size must be 2, 4 or 8, not {element_size}")
-    d = read_descriptor(ptr, name)
     n = d.nbytes_needed(element_size)
     if n > _INT64_MAX:
         raise ResourceError(f"{name}: {d.sizes} x {element_size} bytes overflows 64 bits")
+    row_major_strides(d.sizes, element_size, name)
     return n
 
 

@@ -242,8 +242,11 @@ def test_exception_after_forward(mode, c):
 @pytest.mark.parametrize("rc, status, text", [
     (Status.TYPE, Status.TYPE, "KinaTypeError: the C handler for fast.e failed with status 6"),
     (Status.RESOURCE, Status.RESOURCE, "ResourceError: the C handler for fast.e failed with status 2"),
-    (Status.UNHANDLED, Status.INTERNAL, "InternalError: status 8: the C handler for fast.e failed with status 8"),
-    (-3, Status.INTERNAL, "InternalError: status -3: the C handler for fast.e failed with status -3"),
+    (Status.UNHANDLED, Status.UNHANDLED, "Unhandled: the C handler for fast.e failed with status 8"),
+    (-3, Status.VALIDATION, "ValidationError: the C handler for fast.e returned -3, which is not a "
+                            "handler result (KINA_HANDLED 0, KINA_FORWARD -1, KINA_SUSPEND -2 or a status 1-8)"),
+    (9, Status.VALIDATION, "ValidationError: the C handler for fast.e returned 9, which is not a "
+                           "handler result (KINA_HANDLED 0, KINA_FORWARD -1, KINA_SUSPEND -2 or a status 1-8)"),
 ])
 def test_error_status_of_a_c_handler(mode, c, rc, status, text):
     calls = []

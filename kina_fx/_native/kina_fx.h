@@ -213,8 +213,9 @@ typedef int64_t (*kina_fiber_fn)(void *arg);
 /* A C handler.  Return KINA_HANDLED with *out_value set to answer the perform
  * in place (no fiber switch), KINA_FORWARD to pass the effect to the next
  * handler out, KINA_SUSPEND to suspend the nearest kina_fiber_create fiber
- * outside this handler (its resumer sees the effect), or a positive
- * KINA_STATUS_* to make the perform fail with that status. */
+ * outside this handler (its resumer sees the effect), or a status 1-8
+ * (KINA_STATUS_*) that the perform returns; any other value makes the
+ * perform return KINA_STATUS_VALIDATION. */
 typedef int32_t (*kina_handler_fn)(void *ctx, int32_t effect, const int64_t *args,
                                    int32_t nargs, int64_t *out_value);
 

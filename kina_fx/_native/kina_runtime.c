@@ -219,6 +219,48 @@ static int32_t kina__ensure_python(void)
     return KINA_STATUS_SUCCESS;
 }
 
+/* ---- Python's recursion limit at the C/Python boundary ----------------------- */
+
+/* A callback that cffi enters with Python's recursion limit reached fails at
+ * its entry, and the onerror hook that should turn the RecursionError into a
+ * status is entered at the same depth and fails too: cffi then prints both
+ * tracebacks (C handlers that re-enter kina_perform hit it on Python 3.12+).
+ * So each export first checks that the calling thread has this many frames
+ * (and, from 3.12, C recursion units) left, and otherwise returns 5 itself.
+ * Only the calling thread writes these counters, and it is here, not running
+ * Python: reading them without the GIL is safe. */
+#define KINA__CALLBACK_HEADROOM 10
+
+static int32_t kina__check_recursion_headroom(void)
+{
+    PyThreadState *ts = PyGILState_GetThisThreadState();
+    if (ts == NULL)
+        return KINA_STATUS_SUCCESS; /* no Python frames on this thread */
+#if PY_VERSION_HEX >= 0x030E0000
+    int ok = ts->py_recursion_remaining > KINA__CALLBACK_HEADROOM;
+#elif PY_VERSION_HEX >= 0x030C0000
+    int ok = ts->py_recursion_remaining > KINA__CALLBACK_HEADROOM
+        && ts->c_recursion_remaining > KINA__CALLBACK_HEADROOM;
+#elif PY_VERSION_HEX >= 0x030B0000
+    int ok = ts->recursion_remaining > KINA__CALLBACK_HEADROOM;
+#else
+    /* Python 3.10 keeps the limit in the interpreter state, readable only
+     * with the GIL: taken only when the stack is deep enough to matter. */
+    int ok = 1;
+    if (ts->recursion_depth > 100) {
+        PyGILState_STATE gil = PyGILState_Ensure();
+        ok = ts->recursion_depth + KINA__CALLBACK_HEADROOM < Py_GetRecursionLimit();
+        PyGILState_Release(gil);
+    }
+#endif
+    if (ok)
+        return KINA_STATUS_SUCCESS;
+    kina__errorf("RecursionError: maximum recursion depth exceeded (kina_fx: fewer than %d "
+                 "levels of Python's recursion limit left to call into Python)",
+                 KINA__CALLBACK_HEADROOM);
+    return KINA_STATUS_INTERNAL;
+}
+
 /* ---- the exports ----------------------------------------------------------- */
 
 #define KINA_DEFINE_EXPORT(name, pyname, params, args) \
@@ -226,6 +268,8 @@ static int32_t kina__ensure_python(void)
     KINA_API int32_t name params                         \
     {                                                    \
         int32_t status_ = kina__ensure_python();         \
+        if (status_ == KINA_STATUS_SUCCESS)              \
+            status_ = kina__check_recursion_headroom();  \
         if (status_ != KINA_STATUS_SUCCESS)              \
             return status_;                              \
         return pyname args;                              \
@@ -294,6 +338,8 @@ static int kina__fast_kina_perform(int32_t effect, const int64_t *args, int32_t 
     KINA_API int32_t name params                                     \
     {                                                                \
         int32_t status_ = kina__ensure_python();                     \
+        if (status_ == KINA_STATUS_SUCCESS)                          \
+            status_ = kina__check_recursion_headroom();              \
         if (status_ != KINA_STATUS_SUCCESS)                          \
             return status_;                                          \
         if (kina__fast_##name(KINA__ARGS_AND_STATUS args, &status_)) \

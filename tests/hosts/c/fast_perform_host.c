@@ -111,8 +111,8 @@ static void statuses(void)
     CHECK(kina_pop_handler(fw) == 0);
     CHECK(kina_pop_handler(h) == 0);
     CHECK(kina_push_handler(status_handler, (void *)(intptr_t)-5, &E, 1, &h) == 0);
-    CHECK(kina_perform(E, NULL, 0, &v) == KINA_STATUS_INTERNAL && v == -7);
-    CHECK(strstr(kina_last_error(), "status -5") != NULL);
+    CHECK(kina_perform(E, NULL, 0, &v) == KINA_STATUS_VALIDATION && v == -7);
+    CHECK(strstr(kina_last_error(), "returned -5, which is not a handler result") != NULL);
     CHECK(kina_pop_handler(h) == 0);
 
     /* invalid arguments: the same statuses and messages as ever */
