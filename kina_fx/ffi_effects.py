@@ -64,6 +64,19 @@ class HandleTable:
         self._free = []
         self._collected = []      # slots whose weakly held object died
         self._lock = threading.Lock()
+        self._mirror = None       # the C fast paths' view of these handles (mirror_to)
+
+    def mirror_to(self, mirror) -> None:
+        """Keep ``mirror`` (``note(handle, obj)``, ``forget(handle)``,
+        ``forget_all()``: the C fast paths' view, from handlers.bind_c_abi) up
+        to date with every live handle from now on; None stops."""
+        with self._lock:
+            self._mirror = mirror
+            if mirror is not None:
+                mirror.forget_all()
+                for index, (generation, obj) in enumerate(self._slots):
+                    if obj is not None:
+                        mirror.note(self._handle(index, generation), obj)
 
     def add(self, obj) -> int:
         if self.weak:
@@ -86,7 +99,13 @@ class HandleTable:
                 self._slots.append(slot)
             if self.weak:
                 obj.slot = index
-            return (self.kind << 56) | (slot[0] << 32) | (index + 1)
+            handle = self._handle(index, slot[0])
+            if self._mirror is not None:
+                self._mirror.note(handle, obj)
+            return handle
+
+    def _handle(self, index: int, generation: int) -> int:
+        return (self.kind << 56) | (generation << 32) | (index + 1)
 
     def _on_collect(self, ref) -> None:
         # Runs wherever the collector runs: only record it (list.append is
@@ -115,6 +134,8 @@ class HandleTable:
     def remove(self, handle: int) -> None:
         with self._lock:
             index, slot, _ = self._locate(handle)
+            if self._mirror is not None:
+                self._mirror.forget(handle)
             slot[1] = None
             self._free.append(index)
 
@@ -405,9 +426,11 @@ def _report_error(exc) -> int:
 
 
 def _bind_fast_path() -> bool:
-    """Let kina_perform answer C handlers without entering Python (only when the
-    compiled perform is the one in use, not with KINA_FX_PURE_PYTHON=1)."""
-    return handlers.bind_c_abi(CClause, _answer_to_int64, _report_error)
+    """Turn on the C fast paths of kina_perform and the host fibers (only when
+    the compiled perform is the one in use, not with KINA_FX_PURE_PYTHON=1)."""
+    mirror = handlers.bind_c_abi(CClause, _answer_to_int64, _report_error)
+    fiber_handles.mirror_to(mirror)
+    return mirror is not None
 
 
 def attach(ffi, onerror) -> dict:

@@ -98,7 +98,9 @@ def data_type(name: str, fields: tuple, base: type = object) -> type:
 
 
 def _core_fields(core) -> tuple:
-    names = {n for n, v in vars(core).items() if isinstance(v, types.MemberDescriptorType)}
+    names = {n for n, v in vars(core).items()
+             if isinstance(v, (types.MemberDescriptorType, types.GetSetDescriptorType))
+             and n not in ("__weakref__", "__dict__")}
     weak = core.__weakrefoffset__ != core.__base__.__weakrefoffset__
     return (names | {"__weakref__"} if weak else names), weak
 

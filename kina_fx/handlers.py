@@ -528,10 +528,10 @@ def suspend_to_host(effect, *args):
                                   "(Stepper) is outside the handler")
 
 
-class _Catch:
+class _Catch(data_type("CatchData", ("effects",))):
     """The ``on`` table of a Stepper's handler: which effects suspend the fiber."""
 
-    __slots__ = ("effects",)
+    __slots__ = ()
 
     def __init__(self, effects):
         self.effects = None if effects is None else frozenset(effects)
@@ -758,26 +758,29 @@ def _resume_nested(tail):
 # --- the C ABI's binding point ------------------------------------------------
 
 
-def bind_c_abi(clause_type, answer_to_int64, report_error) -> bool:
-    """Let libkina_fx.so's ``kina_perform`` call C handlers without entering Python.
+def bind_c_abi(clause_type, answer_to_int64, report_error):
+    """Turn on libkina_fx.so's C fast paths (kina_perform answered by C
+    handlers, host fibers driven) so that they run without entering Python.
 
     ``clause_type`` is the class of the ``fun`` clauses that stand for C
     handlers (kina_fx.ffi_effects.CClause); ``answer_to_int64(effect, value)``
     converts a Python answer for C, ``report_error(exc)`` sets kina_last_error
-    and returns the status.  Returns False (and changes nothing) when the
-    compiled perform is not the one in use: ``kina_perform`` then always takes
-    the Python path.  ``bind_c_abi(None, None, None)`` turns the C path off.
+    and returns the status.  Returns the fast paths' view of the host fiber
+    handles, which the caller keeps up to date (``note(handle, stepper)``,
+    ``forget(handle)``, ``forget_all()``), or None (changing nothing) when the
+    compiled perform is not the one in use: every call then takes the Python
+    path.  ``bind_c_abi(None, None, None)`` turns the fast paths off.
     """
     if perform is _perform_py:
-        return False
+        return None
     try:
         if clause_type is None:
             _speedups._bind_c_abi(None)
-        else:
-            _speedups._bind_c_abi(clause_type, Effect._by_id, answer_to_int64, report_error)
+            return None
+        _speedups._bind_c_abi(clause_type, Effect._by_id, answer_to_int64, report_error)
     except (TypeError, AttributeError):      # a stale build: the Python path still works
-        return False
-    return True
+        return None
+    return _fiber_handle_mirror
 
 
 # kina_fx._speedups (kina_fx/_native/speedups_*.c, built by setup.py when a
@@ -806,6 +809,8 @@ if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
             _resume_c, _del_c = _speedups._bind_round_trip(
                 Chain, Continuation, GreenletExit, fibers.Unwind, fibers._begin_unwind_here,
                 fibers.switch_into, _resume_py, PERFORMED, RETURNED, RAISED, fibers.unwind)
+            _fiber_handle_mirror = _speedups._bind_steppers(Stepper, _Catch, _SUSPEND_TO_HOST,
+                                                            Cancelled)
         except (TypeError, AttributeError) as exc:   # a stale build: rebuild it
             import warnings
             warnings.warn(f"kina_fx._speedups does not fit this kina_fx ({exc}); "

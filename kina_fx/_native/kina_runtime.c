@@ -36,6 +36,7 @@
 #include "kina_effects_exports.h"
 #include "kina_runtime_ops.h"
 #include "kina_tape_exports.h"
+#include "kina_fast_api.h"
 
 #define KINA_API __attribute__((visibility("default")))
 
@@ -282,55 +283,82 @@ KINA_EFFECT_EXPORTS(KINA_DEFINE_EXPORT)
 
 /* ---- C fast paths ---------------------------------------------------------- */
 
-/* kina_perform answered by C handlers (kina_push_handler) without entering
- * Python through cffi: kina_fast_perform in kina_fx/_native/speedups_c_abi.c runs
- * the handler-stack search with the GIL held and calls C handlers directly.
- * It returns KINA__FAST_DECLINED having done nothing (a Python clause or an
- * `on` clause comes first, nothing handles the effect, an argument is invalid:
- * the extern "Python" path then does everything, validation included), or
- * KINA__FAST_DONE with *status set (0 with *out_value written, or a status
- * with kina_last_error set, as kina_fx.ffi's onerror hook sets it).
+/* The exports of KINA_EFFECT_FAST_EXPORTS (kina_effects_exports.h) first try
+ * a C fast path of kina_fx._speedups (kina_fast_api.h): kina_perform answered
+ * by C handlers, a host fiber resumed, its pending perform read, without
+ * entering Python through cffi.  A fast path answers (KINA_FAST_DONE, with
+ * *status set as the Python path would) or declines having done nothing (a
+ * Python clause first, an invalid argument, a fiber or handle it does not
+ * know...): the extern "Python" path then does everything, validation and
+ * error texts included.  The fast paths take the GIL themselves when they
+ * need it, and decline on a thread that has no Python thread state yet (its
+ * first call through cffi gives it one).
  *
- * Its address comes from the capsule kina_fx._speedups._C_API, imported once
- * (under the GIL, so once); without kina_fx._speedups the fast path is off.
- * Only threads that already have a Python thread state take it: cffi keeps a
- * thread state alive per thread, and handlers exist only on threads that
- * called kina_push_handler through cffi, whereas PyGILState_Ensure on a new
- * thread would make a throw-away one (and a throw-away fibers state). */
-#define KINA__FAST_DECLINED 0
-#define KINA__FAST_DONE 1
-typedef int (*kina__fast_perform_fn)(int32_t effect, const int64_t *args, int32_t nargs,
-                                     int64_t *out_value, int32_t *status);
-static kina__fast_perform_fn kina__fast_perform_ptr;
-static int kina__fast_perform_state;   /* 0: not looked up; 1: found; -1: unavailable */
+ * The table comes from the capsule kina_fx._speedups._C_API, imported once
+ * (under the GIL, so once); without kina_fx._speedups, or with one built for
+ * another version of the table, the fast paths are off. */
+static const kina_fast_api *kina__fast_table;
+static int kina__fast_state;   /* 0: not looked up; 1: found; -1: unavailable */
 
-static void kina__fast_perform_lookup(void)
+static const kina_fast_api *kina__fast_lookup(void)
 {
-    void *p = PyCapsule_Import("kina_fx._speedups._C_API", 0);
-    if (p == NULL) {
-        PyErr_Clear();
-        __atomic_store_n(&kina__fast_perform_state, -1, __ATOMIC_RELAXED);
-        return;
+    if (PyGILState_GetThisThreadState() == NULL)
+        return NULL;               /* no thread state: not even to look it up */
+    PyGILState_STATE gil = PyGILState_Ensure();
+    if (__atomic_load_n(&kina__fast_state, __ATOMIC_ACQUIRE) == 0) {
+        const kina_fast_api *api = PyCapsule_Import("kina_fx._speedups._C_API", 0);
+        if (api == NULL)
+            PyErr_Clear();
+        int found = api != NULL && api->version == KINA_FAST_API_VERSION;
+        kina__fast_table = found ? api : NULL;
+        __atomic_store_n(&kina__fast_state, found ? 1 : -1, __ATOMIC_RELEASE);
     }
-    kina__fast_perform_ptr = (kina__fast_perform_fn)p;
-    __atomic_store_n(&kina__fast_perform_state, 1, __ATOMIC_RELAXED);
+    PyGILState_Release(gil);
+    return kina__fast_table;
 }
 
-/* 1 with *status set when the fast path answered, 0 to take the Python path. */
+static inline const kina_fast_api *kina__fast(void)
+{
+    int state = __atomic_load_n(&kina__fast_state, __ATOMIC_ACQUIRE);
+    return state > 0 ? kina__fast_table : state < 0 ? NULL : kina__fast_lookup();
+}
+
+/* kina__fast_<export>(arguments..., &status): 1 when the fast path answered. */
+#define KINA__FAST_PATH(name, call)                                   \
+    const kina_fast_api *api_ = kina__fast();                         \
+    return api_ != NULL && api_->call == KINA_FAST_DONE;
+
 static int kina__fast_kina_perform(int32_t effect, const int64_t *args, int32_t nargs,
                                    int64_t *out_value, int32_t *status)
 {
-    if (__atomic_load_n(&kina__fast_perform_state, __ATOMIC_RELAXED) < 0
-            || PyGILState_GetThisThreadState() == NULL)
-        return 0;
-    /* errno is left as the handlers leave it, as on the cffi path */
-    PyGILState_STATE gil = PyGILState_Ensure();
-    if (kina__fast_perform_state == 0)
-        kina__fast_perform_lookup();
-    int done = kina__fast_perform_state > 0
-        && kina__fast_perform_ptr(effect, args, nargs, out_value, status) == KINA__FAST_DONE;
-    PyGILState_Release(gil);
-    return done;
+    KINA__FAST_PATH(kina_perform, perform(effect, args, nargs, out_value, status))
+}
+
+static int kina__fast_kina_resume_fiber(kina_fiber_t fiber, int64_t value, int32_t *out_state,
+                                        int32_t *status)
+{
+    KINA__FAST_PATH(kina_resume_fiber, resume_fiber(fiber, value, out_state, status))
+}
+
+static int kina__fast_kina_get_perform_id(kina_fiber_t fiber, int32_t *out_effect, int32_t *status)
+{
+    KINA__FAST_PATH(kina_get_perform_id, get_perform_id(fiber, out_effect, status))
+}
+
+static int kina__fast_kina_get_perform_args(kina_fiber_t fiber, int64_t *out_args, int32_t cap,
+                                            int32_t *out_nargs, int32_t *status)
+{
+    KINA__FAST_PATH(kina_get_perform_args, get_perform_args(fiber, out_args, cap, out_nargs, status))
+}
+
+static int kina__fast_kina_fiber_state(kina_fiber_t fiber, int32_t *out_state, int32_t *status)
+{
+    KINA__FAST_PATH(kina_fiber_state, fiber_state(fiber, out_state, status))
+}
+
+static int kina__fast_kina_fiber_result(kina_fiber_t fiber, int64_t *out_value, int32_t *status)
+{
+    KINA__FAST_PATH(kina_fiber_result, fiber_result(fiber, out_value, status))
 }
 
 #define KINA_DEFINE_FAST_EXPORT(name, pyname, params, args)          \

@@ -29,6 +29,8 @@
 #include <structmember.h>
 #include <stdint.h>
 
+#include "kina_fast_api.h"
+
 #pragma GCC visibility push(hidden)
 
 /* ---- the protocol's data (speedups_types.c) ---------------------------------- *
@@ -72,10 +74,31 @@ typedef struct {
     PyObject *on, *fun, *ret, *exc;
 } KHandler;
 
+#define KFX_MAX_ARGS 16                 /* KINA_MAX_ARGS */
+
 typedef struct {
     PyObject_HEAD
     PyObject *handler, *chain, *state, *effect, *args, *result, *error, *thread;
+    /* C-only (speedups_c_fibers.c): the pending perform and the result as C
+     * values, for the C ABI's paths that run without the GIL; valid while
+     * c_valid (any write of ``state`` from Python clears it). */
+    int c_valid;
+    int args_ok;                        /* every argument fits an int64_t */
+    int result_ok;
+    int32_t effect_id;
+    int32_t nargs;
+    int64_t args_c[KFX_MAX_ARGS];
+    int64_t result_c;
+    int64_t thread_serial;              /* ``thread`` as a C value (0: none) */
 } KStepper;
+
+/* handlers._Catch: which effects suspend a Stepper's fiber. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *effects;
+} KCatch;
+
+extern __thread int64_t kfx_thread_serial;
 
 /* ffi_effects.CClause: the fun clause of a C handler. */
 typedef struct {
@@ -84,7 +107,7 @@ typedef struct {
 } KCClause;
 
 extern PyTypeObject KFiber_Type, KThreadState_Type, KChain_Type, KContinuation_Type, KSkip_Type,
-                    KTailResume_Type, KHandler_Type, KStepper_Type, KCClause_Type;
+                    KTailResume_Type, KHandler_Type, KStepper_Type, KCatch_Type, KCClause_Type;
 void kfx_data_dealloc(PyObject *self);
 int kfx_add_data_types(PyObject *module);
 
@@ -131,7 +154,7 @@ extern PyObject *g_forward;        /* handlers.FORWARD (set by _bind_forward)   
 /* Interned attribute names (PyInit__speedups). */
 extern PyObject *s_state, *s_current, *s_stack, *s_handler, *s_parent, *s_fiber, *s_index;
 extern PyObject *s_fun, *s_on, *s_get, *s_default, *s_append, *s_outcome, *s_switch,
-                *s_ret, *s_exc;
+                *s_ret, *s_exc, *s_id;
 
 /* speedups_perform.c: the per-thread state cache and the marker cache, reset
  * by _bind. */
@@ -223,8 +246,20 @@ extern PyMethodDef kfx_perform_methods[];
 
 /* ---- speedups_c_abi.c ---------------------------------------------------------- */
 
+/* Call with the GIL held; errno after the last C handler goes to *errno_out. */
 int kina_fast_perform(int32_t effect_id, const int64_t *c_args, int32_t nargs, int64_t *out,
-                      int32_t *status);
+                      int32_t *status, int *errno_out);
+/* The exception being raised as a status, with kina_last_error set (through
+ * kina_fx.ffi's onerror hook); clears it. */
+int32_t kfx_report_exception(void);
+extern PyTypeObject *g_cclause_t;  /* ffi_effects.CClause (NULL: the C ABI fast paths are off) */
+
+/* ---- speedups_c_fibers.c --------------------------------------------------------- */
+
+extern PyTypeObject *g_stepper_t, *g_catch_t;
+extern PyObject *g_suspend_to_host;
+extern PyMethodDef kfx_c_fibers_methods[];
+extern const kina_fast_api kfx_fast_api;     /* the capsule _C_API points to it */
 extern PyMethodDef kfx_c_abi_methods[];
 
 /* ---- speedups_tail.c ----------------------------------------------------------- */
@@ -236,6 +271,8 @@ extern PyMethodDef kfx_tail_methods[];
 
 PyObject *rt_suspend(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, PyObject *h);
 PyObject *rt_switch_into(PyObject *chain, PyObject *send);
+extern PyTypeObject *g_chain_t, *g_cont_t;
+extern PyObject *g_performed, *g_returned, *g_raised;
 extern PyMethodDef kfx_round_trip_methods[];
 
 /* ---- speedups_module.c ---------------------------------------------------------- */

@@ -8,6 +8,9 @@
  * means), over the search of speedups_perform.c (handlers._perform_py).
  */
 #include "speedups.h"
+#include "kina_fast_api.h"
+
+#include <errno.h>
 
 /* ---- kina_perform from C: C handlers called directly ------------------------- *
  *
@@ -41,16 +44,14 @@
  * perform is the one in use. */
 
 
-#define KINA_FAST_DECLINED 0
-#define KINA_FAST_DONE 1
-#define FAST_MAX_ARGS 16                /* KINA_MAX_ARGS */
+#define FAST_MAX_ARGS KFX_MAX_ARGS
 #define C_HANDLED 0
 #define C_FORWARD (-1)
 
 typedef int32_t (*c_handler_fn)(void *ctx, int32_t effect, const int64_t *args,
                                 int32_t nargs, int64_t *out_value);
 
-static PyTypeObject *g_cclause_t;  /* ffi_effects.CClause                       */
+PyTypeObject *g_cclause_t;  /* ffi_effects.CClause                       */
 static PyObject *g_effects_by_id;  /* handlers.Effect._by_id                    */
 static PyObject *g_answer_fn;      /* ffi_effects._answer_to_int64              */
 static PyObject *g_report_fn;      /* ffi_effects._report_error                 */
@@ -96,8 +97,8 @@ unbox_args(PyObject **box, int32_t n)
 }
 
 /* The exception being raised as a status, kina_last_error set (by Python). */
-static int32_t
-fast_report(void)
+int32_t
+kfx_report_exception(void)
 {
     PyObject *exc = exc_save();
     if (exc == NULL)
@@ -122,7 +123,7 @@ fast_finish(PyObject *effect, PyObject *result, int64_t *out, int32_t *status)
         Py_SETREF(result, PyObject_Vectorcall(g_answer_fn, call, 2, NULL));
     }
     if (result == NULL) {
-        *status = fast_report();
+        *status = kfx_report_exception();
         return KINA_FAST_DONE;
     }
     int overflow = 0;
@@ -132,7 +133,7 @@ fast_finish(PyObject *effect, PyObject *result, int64_t *out, int32_t *status)
         PyObject *r = PyObject_Vectorcall(g_answer_fn, call, 2, NULL);
         Py_DECREF(result);
         if (r == NULL) {
-            *status = fast_report();
+            *status = kfx_report_exception();
             return KINA_FAST_DONE;
         }
         result = r;
@@ -142,7 +143,7 @@ fast_finish(PyObject *effect, PyObject *result, int64_t *out, int32_t *status)
     if (overflow || (v == -1 && PyErr_Occurred())) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_OverflowError, "the answer does not fit in int64_t");
-        *status = fast_report();
+        *status = kfx_report_exception();
         return KINA_FAST_DONE;
     }
     *out = (int64_t)v;
@@ -151,13 +152,13 @@ fast_finish(PyObject *effect, PyObject *result, int64_t *out, int32_t *status)
 }
 
 static int fast_perform(PyObject *effect, const int64_t *args, int32_t nargs, int64_t *out,
-                        int32_t *status);
+                        int32_t *status, int *errno_out);
 
 /* int kina_fast_perform(effect_id, args, nargs, out, status): see above.  The
  * caller holds the GIL. */
 int
 kina_fast_perform(int32_t effect_id, const int64_t *c_args, int32_t nargs, int64_t *out,
-                  int32_t *status)
+                  int32_t *status, int *errno_out)
 {
     if (g_cclause_t == NULL || g_local == NULL || out == NULL || status == NULL
             || nargs < 0 || nargs > FAST_MAX_ARGS || (nargs > 0 && c_args == NULL)
@@ -178,14 +179,15 @@ kina_fast_perform(int32_t effect_id, const int64_t *c_args, int32_t nargs, int64
         return KINA_FAST_DECLINED;
     }
     Py_INCREF(effect);
-    int done = fast_perform(effect, args, nargs, out, status);
+    int done = fast_perform(effect, args, nargs, out, status, errno_out);
     Py_DECREF(effect);
     Py_LeaveRecursiveCall();
     return done;
 }
 
 static int
-fast_perform(PyObject *effect, const int64_t *args, int32_t nargs, int64_t *out, int32_t *status)
+fast_perform(PyObject *effect, const int64_t *args, int32_t nargs, int64_t *out, int32_t *status,
+             int *errno_out)
 {
     Py_INCREF(effect);
 
@@ -209,8 +211,9 @@ fast_perform(PyObject *effect, const int64_t *args, int32_t nargs, int64_t *out,
         int found = find_clause(&f, &i, effect, &clause, &h);
         if (found < 0)
             goto error;
-        if (found == FOUND_ON) {         /* an ``on`` clause: the general path */
+        if (found == FOUND_ON) {         /* an ``on`` clause: suspend, here */
             Py_DECREF(h);
+            called = 1;
             goto general;
         }
         if (found == FOUND_NONE)         /* f is None: unhandled, the general path */
@@ -242,6 +245,7 @@ fast_perform(PyObject *effect, const int64_t *args, int32_t nargs, int64_t *out,
         called = 1;
         Py_BEGIN_ALLOW_THREADS
         rc = ((c_handler_fn)fn)(ctx, (int32_t)eid, buf, n, &answer);
+        *errno_out = errno;              /* the host sees errno as the handler left it */
         Py_END_ALLOW_THREADS
         result = NULL;
         if (rc != C_HANDLED && rc != C_FORWARD) {
@@ -283,7 +287,7 @@ fast_perform(PyObject *effect, const int64_t *args, int32_t nargs, int64_t *out,
             Py_DECREF(f);
             Py_DECREF(st);
             exc_restore(pending);
-            *status = fast_report();
+            *status = kfx_report_exception();
             Py_DECREF(effect);
             return KINA_FAST_DONE;
         }
@@ -352,7 +356,7 @@ error:
         Py_DECREF(effect);
         return KINA_FAST_DECLINED;
     }
-    *status = fast_report();
+    *status = kfx_report_exception();
     Py_DECREF(effect);
     return KINA_FAST_DONE;
 }

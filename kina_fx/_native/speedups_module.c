@@ -7,9 +7,10 @@
  * speedups.h lists the files and what each transcribes.
  */
 #include "speedups.h"
+#include "kina_fast_api.h"
 
 PyObject *s_state, *s_current, *s_stack, *s_handler, *s_parent, *s_fiber, *s_index;
-PyObject *s_fun, *s_on, *s_get, *s_default, *s_append, *s_outcome, *s_switch, *s_ret, *s_exc;
+PyObject *s_fun, *s_on, *s_get, *s_default, *s_append, *s_outcome, *s_switch, *s_ret, *s_exc, *s_id;
 
 /* ---- binding ------------------------------------------------------------------ */
 
@@ -25,16 +26,22 @@ check_data_type(PyObject *type, PyTypeObject *core, const char *what)
         return -1;
     }
     for (PyTypeObject *t = core; t != NULL && t != &PyBaseObject_Type; t = t->tp_base) {
-        for (PyMemberDef *m = t->tp_members; m != NULL && m->name != NULL; m++) {
-            PyObject *name = PyUnicode_InternFromString(m->name);
-            if (name == NULL)
-                return -1;
-            PyObject *mine = _PyType_Lookup(t, name), *theirs = _PyType_Lookup((PyTypeObject *)type, name);
-            Py_DECREF(name);
-            if (mine != theirs) {
-                PyErr_Format(PyExc_TypeError, "_bind: %s.%s shadows the field of that name",
-                             what, m->name);
-                return -1;
+        for (int pass = 0; pass < 2; pass++) {
+            for (int k = 0;; k++) {
+                const char *field = pass == 0 ? (t->tp_members ? t->tp_members[k].name : NULL)
+                                              : (t->tp_getset ? t->tp_getset[k].name : NULL);
+                if (field == NULL)
+                    break;
+                PyObject *name = PyUnicode_InternFromString(field);
+                if (name == NULL)
+                    return -1;
+                PyObject *mine = _PyType_Lookup(t, name), *theirs = _PyType_Lookup((PyTypeObject *)type, name);
+                Py_DECREF(name);
+                if (mine != theirs) {
+                    PyErr_Format(PyExc_TypeError, "_bind: %s.%s shadows the field of that name",
+                                 what, field);
+                    return -1;
+                }
             }
         }
     }
@@ -160,19 +167,20 @@ PyInit__speedups(void)
     INTERN(s_switch, "switch");
     INTERN(s_ret, "ret");
     INTERN(s_exc, "exc");
+    INTERN(s_id, "id");
 #undef INTERN
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL)
         return NULL;
     if (kfx_add_data_types(m) < 0 || PyModule_AddFunctions(m, kfx_perform_methods) < 0 || PyModule_AddFunctions(m, kfx_tail_methods) < 0
             || PyModule_AddFunctions(m, kfx_round_trip_methods) < 0
-            || PyModule_AddFunctions(m, kfx_c_abi_methods) < 0) {
+            || PyModule_AddFunctions(m, kfx_c_abi_methods) < 0
+            || PyModule_AddFunctions(m, kfx_c_fibers_methods) < 0) {
         Py_DECREF(m);
         return NULL;
     }
-    /* For libkina_fx.so's kina_perform (kina_runtime.c): the address of
-     * int kina_fast_perform(int32_t, const int64_t *, int32_t, int64_t *, int32_t *). */
-    PyObject *capi = PyCapsule_New((void *)kina_fast_perform, "kina_fx._speedups._C_API", NULL);
+    /* For libkina_fx.so (kina_runtime.c): its C fast paths (kina_fast_api.h). */
+    PyObject *capi = PyCapsule_New((void *)&kfx_fast_api, "kina_fx._speedups._C_API", NULL);
     if (capi == NULL || PyModule_AddObject(m, "_C_API", capi) < 0) {
         Py_XDECREF(capi);
         Py_DECREF(m);

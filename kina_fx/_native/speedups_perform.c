@@ -119,14 +119,28 @@ find_fun(PyObject *h, PyObject *effect, PyObject **clause)
     return 1;
 }
 
-/* ``effect in h.on`` */
+/* ``effect in h.on``; a Stepper's handlers._Catch table is read here
+ * (``_Catch.__contains__``: effects None, or effect in effects, or the
+ * private _SUSPEND_TO_HOST effect). */
 static int
 in_on(PyObject *h, PyObject *effect)
 {
     PyObject *on = get_handler_attr(h, g_handler_on, off_on, s_on);
     if (on == NULL)
         return -1;
-    int r = PyDict_CheckExact(on) ? PyDict_Contains(on, effect) : PySequence_Contains(on, effect);
+    int r;
+    PyObject *effects = Py_TYPE(on) == g_catch_t ? ((KCatch *)on)->effects : NULL;
+    if (PyDict_CheckExact(on))
+        r = PyDict_Contains(on, effect);
+    else if (effects == Py_None)
+        r = 1;
+    else if (effects != NULL && PyFrozenSet_CheckExact(effects)) {
+        r = PySet_Contains(effects, effect);
+        if (r == 0)
+            r = effect == g_suspend_to_host;
+    }
+    else
+        r = PySequence_Contains(on, effect);
     Py_DECREF(on);
     return r;
 }

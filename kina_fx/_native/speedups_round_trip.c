@@ -54,15 +54,15 @@
  */
 
 static int rt_bound;
-static PyTypeObject *g_chain_t;      /* fibers.Chain                             */
-static PyTypeObject *g_cont_t;       /* handlers.Continuation                    */
+PyTypeObject *g_chain_t;      /* fibers.Chain                             */
+PyTypeObject *g_cont_t;       /* handlers.Continuation                    */
 static PyObject *g_gexit;            /* greenlet.GreenletExit                    */
 static PyObject *g_unwind;           /* fibers.Unwind                            */
 static PyObject *g_begin_unwind;     /* fibers._begin_unwind_here                */
 static PyObject *g_switch_into_py;   /* fibers.switch_into                       */
 static PyObject *g_resume_py;        /* the Python Continuation.resume           */
-static PyObject *g_performed;        /* handlers.PERFORMED                       */
-static PyObject *g_returned, *g_raised; /* fibers.RETURNED, fibers.RAISED        */
+PyObject *g_performed;        /* handlers.PERFORMED                       */
+PyObject *g_returned, *g_raised; /* fibers.RETURNED, fibers.RAISED        */
 
 /* obj.<slot at off> = v (v borrowed). */
 static inline void
