@@ -133,7 +133,18 @@ def _lazy_callback(name: str):
     return callback
 
 
+# Host threads may make their first calls at the same moment: the lazy imports
+# are made one thread at a time.  (Concurrent first imports from threads that
+# C created raise a spurious KeyError inside importlib on CPython 3.11.)
+_lazy_lock = threading.Lock()
+
+
 def _find_lazy(name: str):
+    with _lazy_lock:
+        return _find_lazy_locked(name)
+
+
+def _find_lazy_locked(name: str):
     for module, when in CALLBACK_MODULES.items():
         if when == "lazy":
             fn = importlib.import_module(module).CALLBACKS.get(name)
