@@ -61,7 +61,10 @@ setup(
         Extension("kina_fx.libkina_fx", sources=[]),
         # The compiled fast path of handlers.perform.  Optional: when it cannot
         # be compiled, build_ext warns and kina_fx runs in pure Python.
-        Extension("kina_fx._speedups", sources=["kina_fx/_native/speedups.c"], optional=True),
+        Extension("kina_fx._speedups", optional=True,
+                  sources=[f"kina_fx/_native/speedups_{part}.c"
+                           for part in ("module", "perform", "c_abi", "tail", "round_trip")],
+                  depends=["kina_fx/_native/speedups.h"]),
     ],
     cmdclass={"build_ext": BuildNative},
 )

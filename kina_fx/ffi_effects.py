@@ -147,9 +147,6 @@ def _args_from_c(args, nargs) -> tuple:
     return tuple(args[0:nargs])
 
 
-_effects_by_id = Effect._by_id      # the interned effects, by id (index 0 unused)
-
-
 def _effect(effect_id: int) -> Effect:
     return Effect.lookup(int(effect_id))
 
@@ -177,7 +174,7 @@ class CClause:
     calls the C handler ``fn(ctx, effect.id, args, nargs, &out)`` in place.
 
     It is a class (not a closure) so that the compiled ``kina_perform`` fast
-    path (``kina_fast_perform`` in kina_fx/_native/speedups.c) can recognise
+    path (``kina_fast_perform`` in kina_fx/_native/speedups_c_abi.c) can recognise
     it and call the C function itself, without entering Python: it reads
     ``fn_address``, ``ctx_address`` and ``effect_id``, and calls
     :meth:`_outcome` for what it does not answer in C (``KINA_SUSPEND``,
@@ -243,7 +240,7 @@ def kina_py_effect_id(name, out_id):
 def kina_py_perform(effect, args, nargs, out_value):
     if not out_value:
         raise ValidationError("out_value is NULL")
-    eff = _effects_by_id[effect] if 0 < effect < len(_effects_by_id) else _effect(effect)
+    eff = _effect(effect)
     value = handlers.perform(eff, *(args[0:nargs] if 0 < nargs <= MAX_ARGS and args
                                     else _args_from_c(args, nargs)))
     out_value[0] = value if type(value) is int and INT64_MIN <= value <= INT64_MAX else \
@@ -371,7 +368,10 @@ def kina_py_fiber_destroy(handle):
 CALLBACKS = {name: fn for name, fn in globals().items() if name.startswith("kina_py_")}
 
 
-# ---- the compiled kina_perform fast path (kina_fast_perform in speedups.c) ----------
+# ---- the compiled kina_perform fast path (kina_fast_perform in speedups_c_abi.c) ----------
+
+_onerror = None  # kina_fx.ffi's error hook, set by attach()
+
 
 def _answer_to_int64(effect, value) -> int:
     """kina_py_perform's conversion of a perform's answer, for the fast path."""
@@ -380,28 +380,22 @@ def _answer_to_int64(effect, value) -> int:
 
 def _report_error(exc) -> int:
     """The status of an exception raised in the fast path, with kina_last_error
-    set: what cffi's onerror hook (kina_fx.ffi._onerror) does for kina_py_perform."""
-    from . import ffi
-    return ffi._onerror(type(exc), exc, exc.__traceback__)
+    set: what cffi's onerror hook does for kina_py_perform."""
+    return _onerror(type(exc), exc, exc.__traceback__)
 
 
 def _bind_fast_path() -> bool:
-    """Let kina_perform answer C handlers without entering Python: only when the
-    compiled perform is the one in use (not with KINA_FX_PURE_PYTHON=1)."""
-    speedups = getattr(handlers, "_speedups", None)
-    if speedups is None or handlers.perform is not getattr(speedups, "perform", None) \
-            or not hasattr(speedups, "_bind_c_abi"):
-        return False
-    try:
-        speedups._bind_c_abi(CClause, _effects_by_id, _answer_to_int64, _report_error)
-    except (TypeError, AttributeError):    # a stale build: the slow path still works
-        return False
-    return True
+    """Let kina_perform answer C handlers without entering Python (only when the
+    compiled perform is the one in use, not with KINA_FX_PURE_PYTHON=1)."""
+    return handlers.bind_c_abi(CClause, _answer_to_int64, _report_error)
 
 
-def attach(ffi) -> dict:
-    """Remember the embedded module's ffi; return the callbacks to attach."""
-    global _ffi
+def attach(ffi, onerror) -> dict:
+    """Remember the embedded module's ffi and kina_fx.ffi's error hook
+    (``onerror(exc_type, exc, traceback) -> status``, the one cffi calls for
+    these callbacks); return the callbacks to attach."""
+    global _ffi, _onerror
     _ffi = ffi
+    _onerror = onerror
     _bind_fast_path()
     return CALLBACKS

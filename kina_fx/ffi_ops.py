@@ -42,11 +42,12 @@ class Operands:
     :meth:`finish`.
     """
 
-    __slots__ = ("xp", "_write_backs")
+    __slots__ = ("xp", "_write_backs", "_staged")
 
     def __init__(self):
         self.xp = gpu_ops.backend()
         self._write_backs = []
+        self._staged = []
 
     def get(self, ptr, dtype, name, output=False):
         if self.xp is np:
@@ -57,14 +58,21 @@ class Operands:
         arr = memref.cupy_view(d, dtype, self.xp, name)
         if arr is None:
             arr, write_back = memref.host_staged(d, dtype, self.xp, name)
+            self._staged.append(arr)
             if output:
                 self._write_backs.append(write_back)
         return arr
 
     def finish(self):
+        """Make the results visible to the host: synchronise, write staged outputs back."""
         gpu_ops.synchronize(self.xp)
         for write_back in self._write_backs:
             write_back()
+
+    def release(self):
+        """Forget the staged copies (after the call, whether it succeeded or not)."""
+        memref.release_staged(self._staged)
+        self._staged.clear()
 
 
 def _make_callback(op):
@@ -85,8 +93,11 @@ def _make_callback(op):
                 perform(effect, out_view(out, n0), in1_view(a, n1), in2_view(b, n2))
                 return 0
             ops = Operands()
-            perform(effect, ops.get(out, d0, n0, True), ops.get(a, d1, n1), ops.get(b, d2, n2))
-            ops.finish()
+            try:
+                perform(effect, ops.get(out, d0, n0, True), ops.get(a, d1, n1), ops.get(b, d2, n2))
+                ops.finish()
+            finally:
+                ops.release()
             return 0
     else:
         def callback(*args):
@@ -94,9 +105,12 @@ def _make_callback(op):
             if check_device:
                 check_device_ordinal(params[device_index])
             ops = Operands()
-            arrays = [ops.get(p, dt, name, out) for p, (dt, out, name) in zip(args, roles)]
-            perform(effect, *arrays, *params)
-            ops.finish()
+            try:
+                arrays = [ops.get(p, dt, name, out) for p, (dt, out, name) in zip(args, roles)]
+                perform(effect, *arrays, *params)
+                ops.finish()
+            finally:
+                ops.release()
             return 0
     callback.__name__ = op.callback
     callback.__qualname__ = op.callback

@@ -34,10 +34,15 @@ def _tape(handle) -> MemoryTape:
     return tape_handles.get(int(handle) & 0xFFFFFFFFFFFFFFFF)
 
 
-def _view(ptr, dtype, name, output=False):
-    # Tape calls are not hot: a fresh Operands per buffer keeps CUDA staging simple.
+def _with_views(fn, *buffers):
+    """``fn(*views)`` for ``(pointer, dtype, name, output)`` buffers, on the selected backend."""
     ops = Operands()
-    return ops, ops.get(ptr, dtype, name, output)
+    try:
+        result = fn(*[ops.get(ptr, dtype, name, output) for ptr, dtype, name, output in buffers])
+        ops.finish()
+        return result
+    finally:
+        ops.release()
 
 
 def _begin(flags) -> int:
@@ -61,26 +66,21 @@ def kina_py_tape_begin(flags, out_tape):
 
 
 def kina_py_mlir_tape_begin(out_handle, flags):
-    ops, view = _view(out_handle, I64, "out_handle", output=True)
-    if view.size < 1:
-        raise ValidationError("out_handle must have at least one element")
-    handle = _begin(flags)
-    view.flat[0] = handle          # kind << 56 | ...: always a positive int64
-    ops.finish()
+    def begin(view):
+        if view.size < 1:
+            raise ValidationError("out_handle must have at least one element")
+        view.flat[0] = _begin(flags)    # kind << 56 | ...: always a positive int64
+    _with_views(begin, (out_handle, I64, "out_handle", True))
     return 0
 
 
 def _watch(handle, buffer, dtype):
-    tape = _tape(handle)
-    _ops, view = _view(buffer, dtype, "buffer")
-    tape.watch(view)
+    _with_views(_tape(handle).watch, (buffer, dtype, "buffer", False))
     return 0
 
 
 def _constant(handle, buffer, dtype):
-    tape = _tape(handle)
-    _ops, view = _view(buffer, dtype, "buffer")
-    tape.constant(view)
+    _with_views(_tape(handle).constant, (buffer, dtype, "buffer", False))
     return 0
 
 
@@ -110,19 +110,14 @@ def kina_py_tape_end(handle):
 
 
 def kina_py_tape_backward(handle, output, cotangent):
-    tape = _tape(handle)
-    _o1, out = _view(output, F32, "output")
-    _o2, cot = _view(cotangent, F32, "cotangent")
-    tape.backward(out, cot)
+    _with_views(_tape(handle).backward, (output, F32, "output", False),
+                (cotangent, F32, "cotangent", False))
     return 0
 
 
 def kina_py_tape_grad(handle, watched, out_grad):
-    tape = _tape(handle)
-    _o1, x = _view(watched, F32, "watched")
-    ops, out = _view(out_grad, F32, "out_grad", output=True)
-    tape.grad(x, out)
-    ops.finish()
+    _with_views(_tape(handle).grad, (watched, F32, "watched", False),
+                (out_grad, F32, "out_grad", True))
     return 0
 
 

@@ -38,7 +38,8 @@ from .fibers import RAISED, RETURNED, Chain, check_owner, local, thread_token
 from greenlet import GreenletExit
 
 __all__ = ["Effect", "perform", "Handler", "Continuation", "fiber", "Stepper", "FORWARD",
-           "push_handler", "pop_handler", "suspend_to_host", "thread_token", "check_owner"]
+           "push_handler", "pop_handler", "suspend_to_host", "thread_token", "check_owner",
+           "bind_c_abi"]
 
 PERFORMED = "performed"
 
@@ -240,7 +241,7 @@ def _perform_py(effect, *args):
     scope handles ``effect`` and it has no ``default``.
 
     This is the reference implementation; ``perform`` is the compiled copy in
-    kina_fx/_native/speedups.c when that was built (see the end of this module).
+    kina_fx/_native/speedups_perform.c when that was built (see the end of this module).
     """
     st = local.state
     f = st.current
@@ -429,7 +430,7 @@ class Continuation(Chain):
         return f"<Continuation {kind} {'used' if self.top is None else 'ready'}>"
 
 
-# The reference resume; the compiled one (speedups.c's rt_resume, a method
+# The reference resume; the compiled one (speedups_round_trip.c's rt_resume, a method
 # descriptor) replaces it on the class unless KINA_FX_PURE_PYTHON=1.
 _resume_py = Continuation.resume
 _del_py = Continuation.__del__
@@ -584,7 +585,7 @@ class Stepper:
 
 # --- the driver loop --------------------------------------------------------
 
-# fibers.switch_into, or its compiled copy (speedups.c's rt_switch_into).
+# fibers.switch_into, or its compiled copy (speedups_round_trip.c's rt_switch_into).
 _switch_into = fibers.switch_into
 
 
@@ -630,7 +631,7 @@ _drive_c = None
 
 
 def _drive_compiled(chain, send):
-    """_drive with its loop compiled (speedups.c's rt_drive); replaces _drive.
+    """_drive with its loop compiled (speedups_round_trip.c's rt_drive); replaces _drive.
 
     The clauses the C loop calls see this frame as their caller, so the tail
     check looks for this function's code instead of _drive_py's.
@@ -699,7 +700,32 @@ def _resume_nested(tail):
     return _drive(chain, send)
 
 
-# kina_fx._speedups (kina_fx/_native/speedups.c, built by setup.py when a
+# --- the C ABI's binding point ------------------------------------------------
+
+
+def bind_c_abi(clause_type, answer_to_int64, report_error) -> bool:
+    """Let libkina_fx.so's ``kina_perform`` call C handlers without entering Python.
+
+    ``clause_type`` is the class of the ``fun`` clauses that stand for C
+    handlers (kina_fx.ffi_effects.CClause); ``answer_to_int64(effect, value)``
+    converts a Python answer for C, ``report_error(exc)`` sets kina_last_error
+    and returns the status.  Returns False (and changes nothing) when the
+    compiled perform is not the one in use: ``kina_perform`` then always takes
+    the Python path.  ``bind_c_abi(None, None, None)`` turns the C path off.
+    """
+    if perform is _perform_py:
+        return False
+    try:
+        if clause_type is None:
+            _speedups._bind_c_abi(None)
+        else:
+            _speedups._bind_c_abi(clause_type, Effect._by_id, answer_to_int64, report_error)
+    except (TypeError, AttributeError):      # a stale build: the Python path still works
+        return False
+    return True
+
+
+# kina_fx._speedups (kina_fx/_native/speedups_*.c, built by setup.py when a
 # compiler is available) has transcriptions of _perform_py and
 # _returns_straight_to_driver, several times faster, and of the round trip of
 # an ``on`` clause: _suspend_perform with fibers.post/suspend/_switch (inside

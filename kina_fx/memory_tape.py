@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import autograd as ad
-from . import fibers
+from . import fibers, memref
 from .errors import KinaTypeError, ValidationError
 from .gpu_ops import array_module
 from .handlers import Effect, Handler, perform
@@ -65,21 +65,8 @@ def current_tracer() -> "BufferTracer | None":
 
 
 def buffer_key(array) -> tuple:
-    """The identity of the tensor a buffer holds: (data address, shape, strides in elements, dtype).
-
-    The stride of a length-1 dimension never moves and MLIR leaves it
-    arbitrary (the runtime's views make it 0), so it counts as 0; a buffer
-    without elements has no address to tell it apart by."""
-    shape = tuple(array.shape)
-    if 0 in shape:
-        return (0, shape, (0,) * len(shape), array.dtype.str)
-    if isinstance(array, np.ndarray):
-        address = array.__array_interface__["data"][0]
-    else:  # a CuPy array
-        address = array.data.ptr
-    item = array.dtype.itemsize
-    strides = tuple(0 if n == 1 else s // item for n, s in zip(shape, array.strides))
-    return (address, shape, strides, array.dtype.str)
+    """The identity of the tensor a buffer holds: (data address, shape, strides in elements, dtype)."""
+    return memref.identity(array)
 
 
 def describe(array) -> str:
@@ -93,11 +80,25 @@ def _raw(value):
     return value.data if isinstance(value, ad.Tensor) else value
 
 
+_SAME_SIZE_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
 def _unchanged(current, recorded) -> bool:
+    """Whether ``current`` holds exactly the recorded values, bit for bit.
+
+    Bitwise (not ``==``): NaNs compare equal to themselves and a rewritten
+    ``-0.0`` counts as a change, and it is one pass over memory, not several.
+    """
+    if current.shape != recorded.shape:
+        return False
+    if current.dtype == recorded.dtype and current.dtype.itemsize in _SAME_SIZE_UINT:
+        uint = _SAME_SIZE_UINT[current.dtype.itemsize]
+        return bool((current.view(uint) == recorded.view(uint)).all())
     xp = array_module(current)
-    if current.dtype.kind == "f":
-        return bool(xp.array_equal(current, recorded, equal_nan=True))
-    return bool(xp.array_equal(current, recorded))
+    return bool(xp.array_equal(current, recorded, equal_nan=current.dtype.kind == "f"))
+
+
+_BY_REFERENCE = ("given", "argument")
 
 
 class _Entry:
@@ -108,7 +109,8 @@ class _Entry:
     def __init__(self, tensor, value, kind):
         self.tensor = tensor     # a Tensor (watched or produced), or an array (constant)
         self.value = value       # the recorded values, for the overwrite check
-        self.kind = kind         # "watched", "constant", "produced" or "given"
+        self.kind = kind         # "watched", "constant", "produced", or a bound argument:
+                                 # "given" (a Tensor) or "argument" (an array), held by reference
 
 
 class BufferTracer:
@@ -121,11 +123,10 @@ class BufferTracer:
     def __init__(self, strict: bool = True):
         self.strict = strict
         self.table: dict = {}
+        self._held: dict = {}   # key -> (argument, snapshot): read by a recorded op, by reference
         self.parent: BufferTracer | None = None
         self.recording = False
-        fun = {op.effect: self._clause(op) for op in RUNTIME_OPS}
-        fun[CURRENT_TRACER] = lambda: self
-        self._handler = Handler(fun=fun)
+        self._handler = None      # (Handler, _Slot) while recording
 
     def __repr__(self):
         state = "recording" if self.recording else "stopped"
@@ -136,20 +137,32 @@ class BufferTracer:
         if self.recording:
             raise ValidationError(f"{self!r} is already recording")
         self.parent = current_tracer()
-        self._handler.__enter__()
+        handler, slot = _handlers.pop() if _handlers else _new_handler()
+        slot.tracer = self
+        try:
+            handler.__enter__()
+        except BaseException:
+            slot.tracer = None
+            raise
+        self._handler = (handler, slot)
         self.recording = True
 
     def stop(self) -> None:
         if not self.recording:
             raise ValidationError(f"{self!r} is not recording")
+        handler, slot = self._handler
         try:
-            self._handler.__exit__(None, None, None)
+            handler.__exit__(None, None, None)
         except ValidationError:
             # The stack's own message spells out every clause of the handler.
             raise ValidationError(f"{self!r} is not the innermost handler of this fiber: "
                                   "end the tapes (pop the handlers) begun after it first, on the "
                                   "fiber that began it") from None
+        slot.tracer = None
+        self._handler = None
         self.recording = False
+        if len(_handlers) < 16:
+            _handlers.append((handler, slot))
 
     def lookup(self, key):
         tracer = self
@@ -176,12 +189,19 @@ class BufferTracer:
         if not _unchanged(array, entry.value):
             raise TapeError(f"{what}: {describe(array)} was overwritten after the tape recorded it; "
                             "its recorded value would give a wrong gradient")
+        if entry.kind in _BY_REFERENCE:
+            self._held[buffer_key(array)] = (array, entry.value)   # autograd holds it now
         return entry.tensor
 
     def record(self, out, tensor, kind: str = "produced") -> None:
         """Write ``tensor``'s value into ``out`` and remember that ``out`` holds ``tensor``."""
         xp = array_module(out)
         value = xp.asarray(_raw(tensor))
+        tracer = self
+        while tracer is not None:
+            if tracer._held:
+                tracer._refuse_writing_a_held_argument(out)
+            tracer = tracer.parent
         out[...] = value
         if value.dtype != out.dtype or value.shape != out.shape:
             value = xp.array(out, copy=True)
@@ -197,10 +217,32 @@ class BufferTracer:
         value = array_module(array).array(array, copy=True)
         self.table[buffer_key(array)] = _Entry(value, value, "constant")
 
-    def bind(self, array, tensor) -> None:
-        """Record that ``array``'s buffer holds ``tensor`` (a Python caller's traced argument)."""
-        self.table[buffer_key(array)] = _Entry(tensor, array_module(array).array(array, copy=True),
-                                               "given")
+    def bind(self, array, tensor, snapshot) -> None:
+        """Record that ``array``'s buffer holds ``tensor`` (a Python caller's argument:
+        a traced Tensor, or the array itself, a constant held by reference as
+        autograd holds its arguments); ``snapshot`` is a copy of its values,
+        for the overwrite check."""
+        kind = "given" if tensor is not array else "argument"
+        self.table[buffer_key(array)] = _Entry(tensor, snapshot, kind)
+
+    def _refuse_writing_a_held_argument(self, out) -> None:
+        # Autograd holds bound arguments by reference once a recorded op read
+        # them: writing one would change the value backward computes with.
+        for array, _snapshot in self._held.values():
+            if array_module(out).may_share_memory(out, array):
+                raise TapeError(f"a runtime op would write {describe(out)}, over an argument of the "
+                                f"call ({describe(array)}) that a recorded op read and the gradient "
+                                "needs as it was: compiled code must not update a traced call's "
+                                "arguments in place after reading them (pass a copy)")
+
+    def check_held(self, what: str) -> None:
+        """TapeError if an argument a recorded op read (held by reference) has
+        changed since: code outside the runtime wrote it, under backward's feet."""
+        for array, snapshot in self._held.values():
+            if not _unchanged(array, snapshot):
+                raise TapeError(f"{what}: the argument {describe(array)} was written after a recorded "
+                                "op read it; the gradient needs the value it read (compiled code "
+                                "must not update a traced call's arguments in place; pass a copy)")
 
     def produced(self, array, what: str):
         """The Tensor a recorded op wrote into ``array``'s buffer.
@@ -218,19 +260,41 @@ class BufferTracer:
                             "op wrote it")
         return entry.tensor
 
-    def _clause(self, op):
-        inputs = op.inputs
-        n = len(inputs)
-        name = op.name
+    def apply(self, op, out, args):
+        """Answer runtime op ``op``'s effect: compute it with autograd, record the output."""
+        n = len(op.inputs)
+        arrays, params = args[:n], args[n:]
+        op.check_output(out, *arrays, *params)
+        tensors = [self.read(a, f"{op.name} input {o.name!r}", o.differentiable)
+                   for o, a in zip(op.inputs, arrays)]
+        self.record(out, op.differentiate(ad, *tensors, *params))
+        return out
 
+
+class _Slot:
+    """What a pooled handler's clauses read: the tracer now using it."""
+
+    __slots__ = ("tracer",)
+
+    def __init__(self):
+        self.tracer = None
+
+
+# Handlers of stopped tracers, reused: building one (a clause per runtime op)
+# costs more than a small compiled function's whole call.
+_handlers: list = []
+
+
+def _new_handler():
+    slot = _Slot()
+
+    def clause_for(op):
         def clause(out, *args):
-            arrays, params = args[:n], args[n:]
-            op.check_output(out, *arrays, *params)
-            tensors = [self.read(a, f"{name} input {o.name!r}", o.differentiable)
-                       for o, a in zip(inputs, arrays)]
-            self.record(out, op.differentiate(ad, *tensors, *params))
-            return out
+            return slot.tracer.apply(op, out, args)
         return clause
+    fun = {op.effect: clause_for(op) for op in RUNTIME_OPS}
+    fun[CURRENT_TRACER] = lambda: slot.tracer
+    return Handler(fun=fun), slot
 
 
 _DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float16), 3: np.dtype(np.int64)}   # KINA_DTYPE_*

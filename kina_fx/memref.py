@@ -195,11 +195,47 @@ def host_staged(d: Descriptor, dtype, cp, name: str = "memref"):
     """
     host = numpy_view(d, dtype, name)
     dev = cp.asarray(host)
+    _staged[id(dev)] = (dev, identity(host))
 
     def write_back():
         host[...] = cp.asnumpy(dev)
 
     return dev, write_back
+
+
+#: Device copies made by host_staged -> the identity of the host memory they
+#: stand for (released by release_staged when the call is over).
+_staged: dict = {}
+
+
+def release_staged(arrays) -> None:
+    """Forget the staged copies among ``arrays`` (the call that used them is over)."""
+    for a in arrays:
+        _staged.pop(id(a), None)
+
+
+def identity(array) -> tuple:
+    """What memory an array views: (address of its first element, shape, strides
+    in elements, dtype string).  A device copy of host memory made by
+    :func:`host_staged` has the identity of that host memory.  Tapes identify
+    tensors by this (docs/autograd-abi.md).
+
+    The stride of a length-1 dimension never moves and MLIR leaves it
+    arbitrary (:func:`numpy_view` makes it 0), so it counts as 0; an array
+    without elements has no address to tell it apart by."""
+    hit = _staged.get(id(array))
+    if hit is not None and hit[0] is array:
+        return hit[1]
+    shape = tuple(array.shape)
+    if 0 in shape:
+        return (0, shape, (0,) * len(shape), array.dtype.str)
+    if isinstance(array, np.ndarray):
+        address = array.__array_interface__["data"][0]
+    else:  # a CuPy array
+        address = array.data.ptr
+    item = array.dtype.itemsize
+    strides = tuple(0 if n == 1 else s // item for n, s in zip(shape, array.strides))
+    return (address, shape, strides, array.dtype.str)
 
 
 def write_allocation(ptr, address: int, element_size: int, name: str = "memref") -> Descriptor:
@@ -326,7 +362,13 @@ class UnrankedMemref:
 
     @property
     def address(self) -> int:
+        """The address of the unranked memref ``{rank, descriptor}``."""
         return int(ffi.cast("intptr_t", self.struct))
+
+    @property
+    def descriptor_address(self) -> int:
+        """The address of the ranked descriptor (what MLIR passes for a ranked memref)."""
+        return int(ffi.cast("intptr_t", self.words))
 
     def descriptor(self) -> Descriptor:
         return read_descriptor(self.struct)
@@ -334,11 +376,6 @@ class UnrankedMemref:
     def pointer_for(self, foreign_ffi):
         """This memref as a ``kina_unranked_memref_t *`` of another cffi FFI instance."""
         return foreign_ffi.cast("kina_unranked_memref_t *", self.address)
-
-    def descriptor_pointer_for(self, foreign_ffi):
-        """The ranked descriptor as a ``kina_memref_descriptor_t *`` of another cffi FFI
-        instance: what an ``llvm.emit_c_interface`` wrapper takes for a ranked memref."""
-        return foreign_ffi.cast("kina_memref_descriptor_t *", int(ffi.cast("intptr_t", self.words)))
 
 
 def from_numpy(array: np.ndarray, offset_elements: int = 0) -> UnrankedMemref:

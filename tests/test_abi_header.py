@@ -46,12 +46,11 @@ MEMREF_EXPORTS = {
 
 
 def all_callbacks():
-    """Every Python callback the library's start-up attaches (memref + any other ABI groups)."""
-    from kina_fx import ffi_effects, ffi_ops, ffi_tapes
-
-    callbacks = dict(kffi.CALLBACKS)
-    for module in (ffi_ops, ffi_tapes, ffi_effects):
-        callbacks.update(module.CALLBACKS)
+    """Every Python callback the library binds (the callback modules of kina_fx.ffi)."""
+    import importlib
+    callbacks = {}
+    for module in kffi.CALLBACK_MODULES:
+        callbacks.update(importlib.import_module(module).CALLBACKS)
     return callbacks
 
 

@@ -16,6 +16,6 @@
 
 /* Exports that try a C fast path before their callback (KINA_DEFINE_FAST_EXPORT
  * in kina_runtime.c calls kina__fast_<name> first): kina_perform answered by
- * C handlers without entering Python (kina_fast_perform in speedups.c). */
+ * C handlers without entering Python (kina_fast_perform in speedups_c_abi.c). */
 #define KINA_EFFECT_FAST_EXPORTS(X) \
     X(kina_perform, kina_py_perform, (int32_t effect, const int64_t *args, int32_t nargs, int64_t *out_value), (effect, args, nargs, out_value))

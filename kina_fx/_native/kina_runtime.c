@@ -196,6 +196,34 @@ static int kina__preflight(void)
     return rc;
 }
 
+/* Set up the embedded cffi module in the interpreter that now runs, without
+ * cffi_start_python().  That function first takes a process-wide spin lock
+ * kept in a field of PyCapsule_Type (_cffi_carefully_make_gil): before Python
+ * 3.12 the field is tp_version_tag, which CPython sets as soon as anything
+ * looks up an attribute on a capsule (`import torch` does), and the lock then
+ * spins forever.  The lock only serialises Py_InitializeEx between cffi
+ * modules; Python already runs here (we started it under our pthread_once, or
+ * the host process did), so what is left of cffi's start-up is done here as
+ * _cffi_start_python does it after the lock: under cffi's own reentrant
+ * mutex, _cffi_initialize_python() (GIL, PyInit of the module, the init code
+ * of build.py), then extern "Python" calls are switched to _cffi_backend's
+ * dispatcher.  These are names of cffi's _embedding.h (stable since cffi 1.5;
+ * a cffi that renamed them fails the build, it cannot hang). */
+static int kina__attach_embedded_module(void)
+{
+    _cffi_acquire_reentrant_mutex();
+    int rc = _cffi_initialize_python();
+    if (rc == 0 && _cffi_call_python_org != NULL) {
+        __sync_synchronize(); /* the module's state is visible before the switch */
+        _cffi_call_python = (_cffi_call_python_fnptr)_cffi_call_python_org;
+    } else {
+        _cffi_call_python_org = NULL;
+        rc = -1;
+    }
+    _cffi_release_reentrant_mutex();
+    return rc;
+}
+
 static void kina__init_once(void)
 {
     if (!Py_IsInitialized() && kina__start_interpreter() != 0)
@@ -205,9 +233,8 @@ static void kina__init_once(void)
     /* The embedded init code (build.py) imports kina_fx.ffi and attaches the
      * callbacks; it reports its own failure through kina__set_init_error. */
     kina__init_status = KINA_STATUS_SUCCESS;
-    if (cffi_start_python() != 0) {
+    if (kina__attach_embedded_module() != 0)
         kina__set_init_error("kina_fx: cffi could not start the embedded module");
-    }
 }
 
 /* 0 when Python runs and kina_fx.ffi is attached, else KINA_STATUS_INTERNAL
@@ -242,7 +269,7 @@ KINA_EFFECT_EXPORTS(KINA_DEFINE_EXPORT)
 /* ---- C fast paths ---------------------------------------------------------- */
 
 /* kina_perform answered by C handlers (kina_push_handler) without entering
- * Python through cffi: kina_fast_perform in kina_fx/_native/speedups.c runs
+ * Python through cffi: kina_fast_perform in kina_fx/_native/speedups_c_abi.c runs
  * the handler-stack search with the GIL held and calls C handlers directly.
  * It returns KINA__FAST_DECLINED having done nothing (a Python clause or an
  * `on` clause comes first, nothing handles the effect, an argument is invalid:

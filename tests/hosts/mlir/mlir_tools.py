@@ -14,16 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from kina_fx.compiled import MLIR_PIPELINE
+
 TOOLS = {name: shutil.which(name) for name in
          ("mlir-opt-19", "mlir-translate-19", "clang-19", "mlir-cpu-runner-19")}
 MISSING = sorted(name for name, path in TOOLS.items() if path is None)
 needs_mlir = pytest.mark.skipif(bool(MISSING), reason=f"missing MLIR 19 tools: {MISSING}")
 
-PIPELINE = [
-    "--convert-linalg-to-loops", "--convert-scf-to-cf", "--expand-strided-metadata", "--lower-affine",
-    "--finalize-memref-to-llvm", "--convert-math-to-llvm", "--convert-func-to-llvm",
-    "--convert-arith-to-llvm", "--convert-cf-to-llvm", "--reconcile-unrealized-casts",
-]
+PIPELINE = list(MLIR_PIPELINE)   # one pipeline: kina_fx.compiled's
 
 
 def skip_unless_tools() -> None:

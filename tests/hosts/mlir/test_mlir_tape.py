@@ -63,6 +63,8 @@ int32_t _mlir_ciface_mlp_problem(kina_memref_descriptor_t *x, kina_memref_descri
 int32_t _mlir_ciface_relu_any(kina_unranked_memref_t *out, kina_unranked_memref_t *x);
 int32_t _mlir_ciface_scale_in_place(kina_unranked_memref_t *loss, kina_unranked_memref_t *x,
     kina_unranked_memref_t *w);
+int32_t _mlir_ciface_read_then_clear(kina_unranked_memref_t *loss, kina_memref_descriptor_t *x,
+    kina_unranked_memref_t *w);
 """
 
 # check -> (status, text kina_last_error must contain or None); the hosts that
@@ -141,6 +143,7 @@ def mlp(built):
         problem=mod.function("_mlir_ciface_mlp_problem", outputs=6),
         relu_any=mod.function("_mlir_ciface_relu_any", outputs=1),
         scale_in_place=mod.function("_mlir_ciface_scale_in_place", outputs=1),
+        read_then_clear=mod.function("_mlir_ciface_read_then_clear", outputs=1),
     )
 
 
@@ -432,18 +435,42 @@ def test_unranked_parameters_take_any_rank_and_differentiate(mlp, no_leftovers):
 
 
 @needs_mlir
-def test_compiled_code_updating_a_traced_argument_in_place(mlp, no_leftovers):
-    """The tape differentiates what the call saw: x's value before x *= w, not after."""
+@pytest.mark.parametrize("traced", [(0, 1), (1,)])
+def test_compiled_code_updating_a_traced_argument_in_place_is_refused(mlp, traced, no_leftovers):
+    """A traced call holds its arguments by reference (no copy): compiled code
+    writing one (x *= w) would change the x that d loss / d w is computed from.
+    The write is refused before it happens, whether x is traced or a constant."""
     x0 = np.array([1.5, -2.0, 0.25], np.float32)
     w0 = np.array([2.0, 3.0, -4.0], np.float32)
     x, w = x0.copy(), w0.copy()
-    gx, gw = ad.grad(lambda a, b: mlp.scale_in_place(np.zeros((), np.float32), a, b), argnums=(0, 1))(x, w)
-    np.testing.assert_array_equal(np.asarray(gw), x0)
-    np.testing.assert_array_equal(np.asarray(gx), w0)
-    np.testing.assert_array_equal(x, x0)        # a traced argument's array is not written
+
+    def loss(*args):
+        a, b = (args if len(traced) == 2 else (x, args[0]))
+        return mlp.scale_in_place(np.zeros((), np.float32), a, b)
+    with pytest.raises(memory_tape.TapeError) as caught:
+        ad.grad(loss, argnums=tuple(range(len(traced))))(*([x, w] if len(traced) == 2 else [w]))
+    assert "must not update a traced call's arguments in place" in str(caught.value)
+    assert f"buffer at {x.ctypes.data:#x}" in str(caught.value)
+    np.testing.assert_array_equal(x, x0)        # refused before writing
     untraced = x0.copy()
     assert float(mlp.scale_in_place(np.zeros((), np.float32), untraced, w0)) == pytest.approx(float(x0 @ w0))
     np.testing.assert_array_equal(untraced, x0 * w0)   # untraced: the call's own effect
+
+
+@needs_mlir
+def test_compiled_loops_clearing_an_argument_after_it_was_read_are_reported(mlp, no_leftovers):
+    """MLIR code (not a runtime op) zeroes x after sum(x * w) read it: the call
+    fails instead of returning d/dw = 0, the value x holds now."""
+    x = np.array([1.5, -2.0, 0.25], np.float32)
+    w = np.array([2.0, 3.0, -4.0], np.float32)
+    with pytest.raises(memory_tape.TapeError) as caught:
+        ad.grad(lambda b: mlp.read_then_clear(np.zeros((), np.float32), x.copy(), b))(w)
+    assert "was written after a recorded op read it" in str(caught.value)
+    assert "shape [3], strides [1], float32" in str(caught.value)
+    out = np.zeros((), np.float32)
+    cleared = x.copy()
+    assert float(mlp.read_then_clear(out, cleared, w)) == pytest.approx(float(x @ w))   # untraced: fine
+    assert not cleared.any()
 
 
 # ---- (c) the C host ---------------------------------------------------------------
@@ -490,7 +517,7 @@ def test_strict_mode_catches_the_loops_forward_from_python(mlp, problem, no_left
     with pytest.raises(ValidationError) as caught:
         ad.grad(compiled_loss(mlp, problem, mlp.loss_loops), argnums=(0, 1, 2, 3))(*problem.params)
     assert_names_hidden_activation(str(caught.value))
-    assert "TapeError" in str(caught.value)
+    assert isinstance(caught.value, memory_tape.TapeError)   # the runtime's own exception
     outs = [np.zeros((), np.float32)] + [np.zeros_like(q) for q in problem.params]
     with pytest.raises(ValidationError) as caught:
         mlp.grads_loops(*outs, problem.x, problem.labels, *problem.params)
