@@ -16,6 +16,7 @@
 //   @mlp_problem       fills a deterministic problem of any size
 //   @relu_any          relu over unranked memrefs (kina_unranked_memref_t *)
 //   @scale_in_place    x *= w, loss = sum(x): an argument updated in place
+//   @read_then_clear   loss = sum(x * w), then x = 0 by a loop
 //   @main              for mlir-cpu-runner-19: N=6, D=4, H=5, C=3; prints the
 //                      gradients, a checksum, and the tape's error reports
 // Every function returns the first non-zero status it met (KINA_STATUS_*).
@@ -162,6 +163,28 @@ module {
     cf.br ^done(%s2 : i32)
   ^done(%status: i32):
     return %status : i32
+  }
+
+  // An export that reads an argument with a runtime op, then clears it with a
+  // loop: loss = sum(x * w); x = 0.  d loss / d w is the x that was read.
+  func.func @read_then_clear(%loss: memref<*xf32>, %x: memref<?xf32>, %w: memref<*xf32>) -> i32
+      attributes {llvm.emit_c_interface} {
+    %c0 = arith.constant 0 : index
+    %ok = arith.constant 0 : i32
+    %all = arith.constant -2147483648 : i32  // KINA_ALL_AXES
+    %keepdims = arith.constant 0 : i32
+    %zero = arith.constant 0.0 : f32
+    %n = memref.dim %x, %c0 : memref<?xf32>
+    %p = memref.alloc(%n) : memref<?xf32>
+    %up = memref.cast %p : memref<?xf32> to memref<*xf32>
+    %ux = memref.cast %x : memref<?xf32> to memref<*xf32>
+    %s1 = call @runtime_mul_f32(%up, %ux, %w) : (memref<*xf32>, memref<*xf32>, memref<*xf32>) -> i32
+    %s2 = call @runtime_sum_f32(%loss, %up, %all, %keepdims) : (memref<*xf32>, memref<*xf32>, i32, i32) -> i32
+    linalg.fill ins(%zero : f32) outs(%x : memref<?xf32>)
+    memref.dealloc %p : memref<?xf32>
+    %failed = arith.cmpi ne, %s1, %ok : i32
+    %s = arith.select %failed, %s1, %s2 : i32
+    return %s : i32
   }
 
   // ---- gradients through a tape ----

@@ -64,6 +64,8 @@ int32_t _mlir_ciface_mlp_problem(kina_memref_descriptor_t *x, kina_memref_descri
 int32_t _mlir_ciface_relu_any(kina_unranked_memref_t *out, kina_unranked_memref_t *x);
 int32_t _mlir_ciface_scale_in_place(kina_unranked_memref_t *loss, kina_unranked_memref_t *x,
     kina_unranked_memref_t *w);
+int32_t _mlir_ciface_read_then_clear(kina_unranked_memref_t *loss, kina_memref_descriptor_t *x,
+    kina_unranked_memref_t *w);
 """
 
 # check -> (status, text kina_last_error must contain or None); the hosts that
@@ -142,6 +144,7 @@ def mlp(built):
         problem=mod.function("_mlir_ciface_mlp_problem", outputs=6),
         relu_any=mod.function("_mlir_ciface_relu_any", outputs=1),
         scale_in_place=mod.function("_mlir_ciface_scale_in_place", outputs=1),
+        read_then_clear=mod.function("_mlir_ciface_read_then_clear", outputs=1),
     )
 
 
@@ -445,6 +448,22 @@ def test_compiled_code_updating_a_traced_argument_in_place(mlp, no_leftovers):
     untraced = x0.copy()
     assert float(mlp.scale_in_place(np.zeros((), np.float32), untraced, w0)) == pytest.approx(float(x0 @ w0))
     np.testing.assert_array_equal(untraced, x0 * w0)   # untraced: the call's own effect
+
+
+@needs_mlir
+def test_compiled_loops_clearing_an_argument_after_it_was_read_keep_gradients_right(mlp, no_leftovers):
+    """MLIR code (not a runtime op) zeroes x after sum(x * w) read it: the tape
+    differentiates the x that was read (its own copy), not the zeros x holds now."""
+    x0 = np.array([1.5, -2.0, 0.25], np.float32)
+    w = np.array([2.0, 3.0, -4.0], np.float32)
+    x = x0.copy()
+    gw = ad.grad(lambda b: mlp.read_then_clear(np.zeros((), np.float32), x, b))(w)
+    np.testing.assert_array_equal(np.asarray(gw), x0)
+    assert not x.any()                     # the call's own effect on its argument happened
+    out = np.zeros((), np.float32)
+    cleared = x0.copy()
+    assert float(mlp.read_then_clear(out, cleared, w)) == pytest.approx(float(x0 @ w))   # untraced
+    assert not cleared.any()
 
 
 # ---- (c) the C host ---------------------------------------------------------------
