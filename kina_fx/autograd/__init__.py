@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .tensor import Tensor, is_traced
+from .tensor import Tensor, is_traced, kernels, recordable
 from .primitives import NUMPY_RULES, PRIMITIVES, Primitive, effect_of, numpy_rule, op
 if TYPE_CHECKING:     # type checkers do not apply class decorators: the ops' signatures
     from ._op_signatures import *  # noqa: F401,F403
@@ -52,7 +52,7 @@ __all__ = [
     "stop_gradient", "cast", "getitem", "index_add",
     "stack", "concatenate", "clip", "dot", "ravel", "flatten", "squeeze", "array",
     "PRIMITIVES", "NUMPY_RULES", "Primitive", "op", "numpy_rule", "effect_of",
-    "BACKWARD_OBSERVED", "observe_backward", "is_traced",
+    "BACKWARD_OBSERVED", "observe_backward", "is_traced", "kernels", "recordable",
     "custom_vjp", "custom_jvp", "primitive", "defvjp", "defjvp",
     "jacobian", "jacfwd", "jacrev", "hessian", "hvp", "elementwise_grad",
 ] + ops_math.__all__ + ops_linalg.__all__ + ops_shape.__all__
