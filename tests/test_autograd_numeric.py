@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kina_fx import autograd as ad
+from kina_fx import gpu_ops
 
 EPS = 1e-6
 SETTINGS = dict(deadline=None, max_examples=60,
@@ -177,3 +178,30 @@ def test_every_op_runs_on_the_cupy_code_path(name, data, seed, fake_cupy):
         if np.ndim(ref):
             assert isinstance(ours, FakeDeviceArray), (name, type(ours))
         np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.skipif(gpu_ops.cupy_module() is None, reason="needs CuPy and a CUDA device")
+@pytest.mark.parametrize("name", sampled_ops())
+@settings(**dict(SETTINGS, max_examples=5))
+@given(data=st.data(), seed=st.integers(0, 2**32 - 1))
+def test_every_op_on_real_cupy_matches_numpy(name, data, seed):
+    cp = gpu_ops.cupy_module()
+    prim = ad.PRIMITIVES[name]
+    rng = np.random.default_rng(seed)
+    args, kwargs = prim.sample(Draw(data, rng))
+    where = differentiable_leaves(args)
+    dev = [[cp.asarray(x) if isinstance(x, np.ndarray) else x for x in a] if isinstance(a, list)
+           else cp.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
+
+    def run(arrays, xp):
+        f = lambda *ls: prim.public(*with_leaves(arrays, where, ls), **kwargs)  # noqa: E731
+        leaves = leaves_of(arrays, where)
+        out, vjp_fn = ad.vjp(f, *leaves)
+        u = xp.asarray(np.random.default_rng(seed).standard_normal(np.shape(out)))
+        _, t = ad.jvp(f, tuple(leaves), tuple(xp.ones_like(x) for x in leaves))
+        return [out, t] + list(vjp_fn(u))
+    for ours, ref in zip(run(dev, cp), run(args, np)):
+        if np.ndim(ref):
+            assert isinstance(ours, cp.ndarray), (name, type(ours))
+        np.testing.assert_allclose(cp.asnumpy(cp.asarray(ours)), np.asarray(ref),
+                                   rtol=1e-10, atol=1e-12)

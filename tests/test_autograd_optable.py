@@ -13,3 +13,11 @@ def test_the_table_lists_every_builtin_op_and_numpy_mapping():
         assert f"| `{name}` |" in text
     assert "`np.dot` -> `dot`" in text and "`np.concatenate`" in text
     assert optable.main(["--check"]) == 0
+
+
+def test_the_typing_stub_declares_every_builtin_op():
+    assert optable._read(optable.STUB) == optable.render_stub(), \
+        "kina_fx/autograd/_op_signatures.pyi is out of date: run python -m kina_fx.autograd.optable"
+    stub = optable.render_stub()
+    for name in optable.builtin_ops():
+        assert f"\ndef {name}(" in stub

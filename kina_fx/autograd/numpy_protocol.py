@@ -106,5 +106,5 @@ def _array_function(self, func, types, args, kwargs):
     raise KinaTypeError(refusal_message(func.__name__))
 
 
-Tensor.__array_ufunc__ = _array_ufunc
-Tensor.__array_function__ = _array_function
+setattr(Tensor, "__array_ufunc__", _array_ufunc)
+setattr(Tensor, "__array_function__", _array_function)

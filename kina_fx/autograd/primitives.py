@@ -118,14 +118,13 @@ def xp_kernel(name: str) -> Callable:
             return np_fn(x)
         return getattr(array_module(x), name)(x)
     kernel.__name__ = kernel.__qualname__ = f"{name}_kernel"
-    kernel.unwraps = True
-    return kernel
+    return _unwrapping(kernel)
 
 
 def _unwrapping(kernel):
     """Mark a kernel that unwraps Tensors itself: it is its effect's default
-    without a wrapper frame (the arithmetic kernels: the hottest ones)."""
-    kernel.unwraps = True
+    without a wrapper frame (the hottest kernels)."""
+    setattr(kernel, "unwraps", True)
     return kernel
 
 
@@ -172,25 +171,27 @@ def _default_for(kernel, nin, sequence):
     finished traces), run the kernel."""
     if getattr(kernel, "unwraps", False):
         return kernel
+
+    def default_sequence(xs, *params):
+        return kernel(tuple(_raw(x) for x in xs), *params)
+
+    def default_unary(x, *params):
+        if x.__class__ is Tensor:
+            x = _raw(x)
+        return kernel(x, *params)
+
+    def default_binary(a, b, *params):
+        if a.__class__ is Tensor:
+            a = _raw(a)
+        if b.__class__ is Tensor:
+            b = _raw(b)
+        return kernel(a, b, *params)
+
+    def default(*args):
+        return kernel(*[_raw(a) for a in args])
     if sequence:
-        def default(xs, *params):
-            return kernel(tuple(_raw(x) for x in xs), *params)
-    elif nin == 1:
-        def default(x, *params):
-            if x.__class__ is Tensor:
-                x = _raw(x)
-            return kernel(x, *params)
-    elif nin == 2:
-        def default(a, b, *params):
-            if a.__class__ is Tensor:
-                a = _raw(a)
-            if b.__class__ is Tensor:
-                b = _raw(b)
-            return kernel(a, b, *params)
-    else:
-        def default(*args):
-            return kernel(*[_raw(a) for a in args])
-    return default
+        return default_sequence
+    return default_unary if nin == 1 else default_binary if nin == 2 else default
 
 
 # --- public functions -----------------------------------------------------------
@@ -465,7 +466,7 @@ def op(name: str | None = None, *, numpy: Any = (), operator: str | None = None,
         p.sample, p.reference = sample, reference
         p.doc = inspect.cleandoc(spec.__doc__ or "")
         p.module = spec.__module__
-        p.effect.default = _default_for(kernel, nin, sequence)
+        setattr(p.effect, "default", _default_for(kernel, nin, sequence))
 
         if prepare is None and not sequence and nin == 1:
             public = _public_unary(p.effect)
@@ -689,7 +690,7 @@ class pow:
         if p.__class__ is Tensor:
             p = _raw(p)
         return x ** p
-    kernel.unwraps = True
+    _unwrapping(kernel)
 
     def vjp_x(o, g, out, x, p):
         return unbroadcast(o, o.mul(g, _pow_dx(o, x, p)), _shape(x))
@@ -712,7 +713,7 @@ class neg:
         if x.__class__ is Tensor:
             x = _raw(x)
         return -x
-    kernel.unwraps = True
+    _unwrapping(kernel)
 
     def vjp_x(o, g, out, x):
         return o.neg(g)
@@ -760,7 +761,7 @@ class tanh:
         return o.mul(t, o.sub(1.0, o.mul(out, out)))
 
 
-_expit_cache = {}
+_expit_cache: dict = {}
 
 
 def _expit(xp):
@@ -794,7 +795,7 @@ class sigmoid:
         if expit is not None:
             return expit(x)
         return 0.5 + 0.5 * xp.tanh(0.5 * x)     # no overflow for large |x|
-    kernel.unwraps = True
+    _unwrapping(kernel)
 
     def vjp_x(o, g, out, x):
         return o.mul(g, o.mul(out, o.sub(1.0, out)))
@@ -816,7 +817,7 @@ class relu:
         if x.__class__ is Tensor:
             x = _raw(x)
         return (np if x.__class__ is _ndarray else array_module(x)).maximum(x, 0)
-    kernel.unwraps = True
+    _unwrapping(kernel)
 
     def vjp_x(o, g, out, x):
         return o.mul(g, _positive_mask(x))
@@ -1035,7 +1036,7 @@ class reshape:
         """``t.reshape(2, 3)`` or ``t.reshape((2, 3))``."""
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = shape[0]
-        return reshape(self, shape)
+        return recordable.reshape(self, shape)
 
 
 def _sample_transpose(draw):
@@ -1077,10 +1078,11 @@ class transpose:
         """``t.transpose()``, ``t.transpose(1, 0)`` or ``t.transpose((1, 0))``."""
         if len(axes) == 1 and not isinstance(axes[0], (int, np.integer)):
             axes = axes[0]
-        return transpose(self, axes or None)
+        return recordable.transpose(self, axes or None)
 
 
-Tensor.T = property(lambda self: transpose(self), doc="The transpose (axes reversed).")
+setattr(Tensor, "T", property(lambda self: recordable.transpose(self),
+                             doc="The transpose (axes reversed)."))
 
 
 def _sample_broadcast_to(draw):
@@ -1323,7 +1325,7 @@ class repeat_interleave:
         if repeats < 0:
             raise ValidationError(f"repeat_interleave: repeats must be >= 0, got {repeats}")
         if axis is None:
-            return reshape(x, (-1,)), repeats, 0
+            return recordable.reshape(x, (-1,)), repeats, 0
         return x, repeats, _operator.index(axis)
 
     def vjp_x(o, g, out, x, repeats, axis):
@@ -1429,7 +1431,7 @@ class concatenate:
         if not isinstance(xs, (list, tuple)) or not xs:
             raise ValidationError("concatenate needs a non-empty sequence of arrays")
         if axis is None:
-            return [reshape(x, (-1,)) for x in xs], 0
+            return [recordable.reshape(x, (-1,)) for x in xs], 0
         return xs, _operator.index(axis)
 
     def vjp_xs(o, g, out, i, xs, axis):

@@ -36,7 +36,7 @@ _pymax = max
 #: tapes and jvp traces answer True (their values may flow through the pass:
 #: that is how grad of grad works), and so does :func:`observe_backward`.
 BACKWARD_OBSERVED = Effect("kina_fx.autograd.backward_observed")
-BACKWARD_OBSERVED.default = lambda: False
+setattr(BACKWARD_OBSERVED, "default", lambda: False)
 
 
 def _yes():
@@ -95,11 +95,11 @@ class Tape:
     def __init__(self, name: str | None = None):
         self.tag = next(_tags)
         self.name = name or f"tape{self.tag}"
-        self._nodes = []         # (rule, out_id, in_ids, u, v, out, prim): see _backward
+        self._nodes: list = []   # (rule, out_id, in_ids, u, v, out, prim): see _backward
         self._n = 0              # ids handed out so far
-        self._leaves = {}        # id -> (name or None, value), for watched values
+        self._leaves: dict = {}  # id -> (name or None, value), for watched values
         self._live = False
-        self._handler = None
+        self._handler: Any = None
 
     def __repr__(self):
         return f"<Tape {self.name} nodes={len(self._nodes)}{' live' if self._live else ''}>"
@@ -119,14 +119,13 @@ class Tape:
         self._live = True
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: Any) -> None:
         self._live = False
         handler, rec = self._handler
         self._handler = None
         handler.__exit__(*exc)
         rec.tape = None
         _give_back(_tape_pool, handler, rec)
-        return False
 
     def watch(self, x, name: str | None = None) -> Tensor:
         """A box of this tape for ``x`` (array, scalar or Tensor): the values
@@ -328,7 +327,7 @@ def extra_clauses():
     return _EXTRA
 
 
-_EXTRA = {}
+_EXTRA: dict = {}
 
 
 def register_clauses(effect: Effect, make_tape_clause: Callable,
@@ -350,7 +349,7 @@ def _new_tape_handler():
     return Handler(fun=fun), rec
 
 
-_factories = {}
+_factories: dict = {}
 
 
 def clause_factory(prim):

@@ -12,7 +12,7 @@ an op declares its operator or method where it is defined.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,7 +42,12 @@ class Tensor:
 
     __slots__ = ("_value", "_trace", "_id", "_tangent", "__weakref__")
     __array_priority__ = 1000
-    __hash__ = None                 # elementwise __eq__, like ndarray
+    __hash__ = None  # type: ignore[assignment]    # elementwise __eq__, like ndarray
+
+    _value: Any          # an array, or a box of an enclosing trace
+    _trace: Any          # None (plain), a Tape or a JVPTrace
+    _id: int             # index on the trace (-1: none)
+    _tangent: Any        # jvp duals only
 
     def __new__(cls, data: Any, dtype: Any = None) -> "Tensor":
         if data.__class__ is Tensor:
@@ -252,6 +257,9 @@ class OpNamespace:
 
     def __repr__(self):
         return f"<ops {self._name}: {len(vars(self)) - 1} operations>"
+
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Any: ...
 
 
 recordable = OpNamespace("recordable")

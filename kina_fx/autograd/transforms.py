@@ -66,6 +66,7 @@ def _describe(v):
 def check_real_output(v: Any, what: str) -> None:
     """``v`` must be a real floating array, Tensor or number; else KinaTypeError."""
     raw = _raw(v) if v.__class__ is Tensor else v
+    dtype: Any
     if isinstance(raw, (bool, np.bool_)):
         dtype = np.dtype(bool)
     elif isinstance(raw, float):
