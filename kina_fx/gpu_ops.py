@@ -284,9 +284,34 @@ def tanh(xp, x, out):
     return xp.tanh(x, out=out)
 
 
+_expit_cache: dict = {}
+
+
+def _expit(xp):
+    """SciPy's (or CuPy's) one-kernel logistic function when installed, else None."""
+    try:
+        return _expit_cache[xp]
+    except KeyError:
+        pass
+    fn = None
+    try:
+        if xp is np:
+            from scipy.special import expit as fn
+        else:
+            from cupyx.scipy.special import expit as fn
+    except Exception:
+        fn = None
+    _expit_cache[xp] = fn
+    return fn
+
+
 @_elementwise
 def sigmoid(xp, x, out):
-    """The logistic function, as ``0.5 * (1 + tanh(x / 2))``: no overflow for large ``|x|``."""
+    """The logistic function: SciPy's (CuPy's) ``expit`` when installed, else
+    ``0.5 * (1 + tanh(x / 2))``; neither overflows for large ``|x|``."""
+    expit = _expit(xp)
+    if expit is not None:
+        return expit(x) if out is None else expit(x, out=out)
     r = xp.multiply(x, 0.5, out=out)
     xp.tanh(r, out=r)
     xp.multiply(r, 0.5, out=r)
@@ -447,13 +472,8 @@ def log_softmax(x, axis=-1, out=None):
     return out
 
 
-def cross_entropy(logits, labels, out=None):
-    """Mean over samples of ``-log_softmax(logits)[label]``, classes on the last axis.
-
-    ``labels`` are integers with shape ``logits.shape[:-1]``, each in
-    ``[0, classes)``; the result is a scalar (a rank-0 ``out``).
-    """
-    xp = array_module(logits, labels)
+def check_cross_entropy(logits, labels) -> None:
+    """ValidationError unless ``cross_entropy(logits, labels)`` is defined."""
     if logits.ndim < 1:
         raise ValidationError("cross_entropy needs logits of rank >= 1")
     if labels.dtype.kind not in "iu":
@@ -461,16 +481,26 @@ def cross_entropy(logits, labels, out=None):
     if tuple(labels.shape) != tuple(logits.shape[:-1]):
         raise ValidationError(f"cross_entropy: labels of shape {tuple(labels.shape)} "
                               f"for logits of shape {tuple(logits.shape)}")
-    _check_out(out, (), "cross_entropy")
     classes = logits.shape[-1]
-    n = labels.size
-    if n == 0:
+    if labels.size == 0:
         raise ValidationError("cross_entropy of an empty batch")
     if classes == 0:
         raise ValidationError("cross_entropy needs at least one class")
     lo, hi = int(labels.min()), int(labels.max())
     if lo < 0 or hi >= classes:
         raise ValidationError(f"cross_entropy label {lo if lo < 0 else hi} out of range [0, {classes})")
+
+
+def cross_entropy(logits, labels, out=None):
+    """Mean over samples of ``-log_softmax(logits)[label]``, classes on the last axis.
+
+    ``labels`` are integers with shape ``logits.shape[:-1]``, each in
+    ``[0, classes)``; the result is a scalar (a rank-0 ``out``).
+    """
+    xp = array_module(logits, labels)
+    check_cross_entropy(logits, labels)
+    _check_out(out, (), "cross_entropy")
+    classes, n = logits.shape[-1], labels.size
     flat = log_softmax(logits, -1).reshape(-1, classes)
     picked = flat[xp.arange(n), labels.reshape(-1)]
     r = -(picked.sum() / n)

@@ -168,16 +168,7 @@ def _gather_check(values, indices):
 
 
 def _cross_entropy_check(logits, labels):
-    if logits.ndim < 1:
-        raise ValidationError("cross_entropy needs logits of rank >= 1")
-    if tuple(labels.shape) != tuple(logits.shape[:-1]):
-        raise ValidationError(f"cross_entropy: labels of shape {tuple(labels.shape)} "
-                              f"for logits of shape {tuple(logits.shape)}")
-    if labels.size == 0:
-        raise ValidationError("cross_entropy of an empty batch")
-    if logits.shape[-1] == 0:
-        raise ValidationError("cross_entropy needs at least one class")
-    _index_range("cross_entropy label", labels, logits.shape[-1])
+    gpu_ops.check_cross_entropy(logits, labels)
     return ()
 
 

@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 
-from abi_helpers import Abi
+from abi_helpers import Abi, runtime_op_sample
 from kina_fx import autograd as ad
 from kina_fx.errors import Status
 from kina_fx.runtime_ops import ALL_AXES, BY_NAME, RUNTIME_OPS
@@ -132,41 +132,10 @@ def test_mlp_gradients_match_autograd_and_central_differences(abi):
         np.testing.assert_allclose(grads[name], numeric, rtol=1e-4, atol=1e-5)
 
 
-def _sample_inputs(op, rng):
-    """Valid float32/int64 inputs and int params for one runtime op."""
-    name = op.name
-    x = rng.standard_normal((3, 4)).astype(np.float32)
-    if name in ("log",):
-        return [np.abs(x) + 0.5], []
-    if name in ("add", "sub", "mul", "div", "pow", "matmul"):
-        b = rng.standard_normal((4,) if name != "matmul" else (4, 2)).astype(np.float32)
-        if name == "pow":
-            return [np.abs(x) + 0.5, b], []
-        if name == "div":
-            return [x, np.abs(b) + 0.5], []
-        return [x, b], []
-    if name in ("sum", "mean", "max"):
-        return [x], [1, 0]
-    if name in ("softmax", "log_softmax"):
-        return [x], [-1]
-    if name == "transpose":
-        return [x, np.array([1, 0], np.int64)], []
-    if name == "gather":
-        return [x, np.array([2, 0, 2], np.int64)], []
-    if name == "cross_entropy":
-        return [x, np.array([0, 3, 1], np.int64)], []
-    if name == "repeat_interleave":
-        return [x], [1, 2]
-    if name.startswith("copy_to_device"):
-        dtype = np.float16 if name.endswith("f16") else np.float32
-        return [x.astype(dtype)], [0]
-    return [x], []
-
-
 @pytest.mark.parametrize("op", RUNTIME_OPS, ids=lambda op: op.name)
 def test_every_op_is_recorded_with_autograds_vjp(abi, op):
     rng = np.random.default_rng(len(op.name))
-    inputs, params = _sample_inputs(op, rng)
+    inputs, params = runtime_op_sample(op, rng)
     float_inputs = [i for i, (a, o) in enumerate(zip(inputs, op.inputs)) if o.differentiable]
     out_shape = op.check(*inputs, *params)
     out = np.zeros(out_shape, op.output.dtype)

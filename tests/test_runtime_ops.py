@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from abi_helpers import LAYOUTS, Abi, strided
+from abi_helpers import LAYOUTS, Abi, runtime_op_sample, strided
 from kina_fx import Handler, autograd as ad, gpu_ops, runtime_ops
 from kina_fx.errors import Status
 from kina_fx.runtime_ops import ALL_AXES, BY_NAME, RUNTIME_OPS
@@ -241,12 +241,20 @@ def test_effect_of_unknown_name():
         runtime_ops.effect_of("frobnicate")
 
 
-def test_kernels_are_the_ones_autograd_primitives_compute():
-    """One code path per op: the runtime kernel and autograd agree on values."""
-    rng = np.random.default_rng(9)
-    x = _f32(rng, (3, 4))
-    for name in ("neg", "exp", "tanh", "sigmoid", "relu"):
-        out = np.zeros_like(x)
-        BY_NAME[name].kernel(out, x)
-        np.testing.assert_allclose(out, np.asarray(getattr(ad, name)(x)), rtol=1e-6, atol=1e-7)
-    assert gpu_ops.ALL_AXES == -(2 ** 31)
+@pytest.mark.parametrize("op", [op for op in RUNTIME_OPS if op.differentiate is not runtime_ops._same_tensor],
+                         ids=lambda op: op.name)
+def test_each_row_computes_what_its_autograd_primitive_computes(op):
+    """The op table is checked against autograd's registry: the runtime kernel
+    (what an untaped call computes) and the primitive (what a tape computes)
+    agree on every row's sample."""
+    rng = np.random.default_rng(len(op.name))
+    inputs, params = runtime_op_sample(op, rng)
+    out = np.zeros(op.check(*inputs, *params), op.output.dtype)
+    op.kernel(out, *inputs, *params)
+    np.testing.assert_allclose(out, np.asarray(op.differentiate(ad, *inputs, *params)),
+                               rtol=1e-6, atol=1e-7)
+    assert ad.PRIMITIVES[op.name].effect is not op.effect     # two effects: arrays vs buffers
+
+
+def test_all_axes_is_int32_min():
+    assert gpu_ops.ALL_AXES == runtime_ops.ALL_AXES == -(2 ** 31)
