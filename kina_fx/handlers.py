@@ -28,6 +28,7 @@ therefore run in constant stack, however many effects are performed.
 """
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -611,7 +612,18 @@ def _drive(chain, send):
         if kind is PERFORMED:
             effect, args, k = payload
             del payload
-            result = handler.on[effect](k, *args)
+            try:
+                result = handler.on[effect](k, *args)
+            except BaseException as exc:
+                if k.top is not None:       # raised without using k: abort it?
+                    box = [k]
+                    del k
+                    _abandoned(box, handler, exc)
+                raise
+            if k.top is not None:           # returned without using k: abort it?
+                box = [k]
+                del k
+                _abandoned(box, handler, None)
         elif kind is RETURNED:
             result = payload if handler.ret is None else handler.ret(payload)
         elif kind is RAISED:
@@ -622,6 +634,54 @@ def _drive(chain, send):
             chain, send = result.chain, result.send
             continue
         return result
+
+
+def _abandoned(box, handler, exc):
+    """Eager abort: called by the driver loop (this module's and speedups.c's)
+    when ``handler``'s clause returned, or raised ``exc``, without resuming or
+    discontinuing its continuation ``k``, the only item of ``box`` (the
+    driver's own reference is already gone).
+
+    A ``k`` that is still referenced from anywhere else (a scheduler's queue, a
+    closure, a variable of the caller) is kept: nothing happens.  Otherwise
+    the body is aborted now, before the handler's result or exception reaches
+    the caller: :class:`~kina_fx.fibers.Unwind` is raised at the perform, with
+    the chain resumed under this very driver, so its ``finally`` blocks and
+    ``with`` exits run and the effects they perform reach the same handlers as
+    the rest of the body.  If that cleanup raises, its exception replaces the
+    clause's result or exception (which becomes its ``__context__``), as a
+    ``finally`` block's exception does in Python.  What the aborted body
+    returns, if it catches the Unwind, is discarded.
+    """
+    k = box.pop()
+    # References: ``k`` here and getrefcount's argument; when the clause raised,
+    # the frames of the traceback (the clause's own arguments) do not count.
+    if sys.getrefcount(k) - _referenced_by_traceback(k, exc) > 2:
+        return
+    signal = fibers.Unwind("the handler returned without resuming: the body is aborted")
+    try:
+        if k.shallow:
+            k.discontinue_with(signal, handler)
+        else:
+            k.discontinue(signal)
+    except fibers.Unwind as unwound:
+        if unwound is not signal:
+            raise
+    except BaseException as cleanup_error:
+        if exc is not None and cleanup_error is not exc:
+            cleanup_error.__context__ = exc
+        raise
+
+
+def _referenced_by_traceback(k, exc):
+    if exc is None:
+        return 0
+    count = 0
+    tb = exc.__traceback__
+    while tb is not None:
+        count += sum(1 for ref in gc.get_referents(tb.tb_frame) if ref is k)
+        tb = tb.tb_next
+    return count
 
 
 _DRIVE_CODE = _drive.__code__
@@ -722,6 +782,7 @@ if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
                                  tailcalls.tail_calls_by_code, tailcalls.tail_calls,
                                  tailcalls.names_function)
             _speedups._bind_forward(FORWARD)
+            _speedups._bind_abandoned(_abandoned)
             _resume_c, _del_c = _speedups._bind_round_trip(
                 Chain, Continuation, GreenletExit, fibers.Unwind, fibers._begin_unwind_here,
                 fibers.switch_into, _resume_py, PERFORMED, RETURNED, RAISED, fibers.unwind)

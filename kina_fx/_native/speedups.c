@@ -1789,6 +1789,72 @@ static PyMethodDef resume_def = {
  * check looks for its code).  That frame holds the first (chain, send), as
  * the callers of the Python _drive do; the chains and sends of later tail
  * resumes are dropped here as soon as the switch has taken them. */
+/* The eager abort of handlers._drive: after a clause returned ``*result`` (or
+ * raised: *result NULL) without using its continuation ``*k`` (``k.top`` is
+ * not None), hand ``[k]`` (our reference, stolen: *k becomes NULL) to
+ * handlers._abandoned, which aborts k unless something else keeps it.
+ * Returns -1 when that raised (the cleanup's exception, now set, replaces the
+ * clause's result or exception), 0 otherwise (*result and any exception of the
+ * clause unchanged). */
+static PyObject *g_abandoned;        /* handlers._abandoned (_bind_abandoned)    */
+
+static int
+abandoned(PyObject **k, PyObject *handler, PyObject **result)
+{
+    if (g_abandoned == NULL)
+        return 0;
+    PyObject *exc = *result == NULL ? exc_save() : NULL;
+    PyObject *top = Py_TYPE(*k) == g_cont_t ? Py_XNewRef(SLOT(*k, off_top))
+                                            : PyObject_GetAttrString(*k, "top");
+    if (top == NULL) {
+        Py_XDECREF(exc);
+        Py_CLEAR(*result);
+        return -1;
+    }
+    int unused = top != Py_None;
+    Py_DECREF(top);
+    if (!unused) {
+        if (exc != NULL)
+            exc_restore(exc);
+        return 0;
+    }
+    PyObject *box = PyList_New(1);
+    if (box == NULL) {
+        Py_XDECREF(exc);
+        Py_CLEAR(*result);
+        return -1;
+    }
+    PyList_SET_ITEM(box, 0, *k);
+    *k = NULL;
+    PyObject *r = PyObject_CallFunctionObjArgs(g_abandoned, box, handler,
+                                               exc != NULL ? exc : Py_None, NULL);
+    Py_DECREF(box);
+    if (r == NULL) {
+        Py_XDECREF(exc);
+        Py_CLEAR(*result);
+        return -1;
+    }
+    Py_DECREF(r);
+    if (exc != NULL)
+        exc_restore(exc);
+    return 0;
+}
+
+PyDoc_STRVAR(bind_abandoned_doc,
+"_bind_abandoned($module, abandoned, /)\n--\n\n"
+"Called by kina_fx.handlers: the driver loop's eager abort (handlers._abandoned).");
+
+static PyObject *
+bind_abandoned(PyObject *Py_UNUSED(module), PyObject *fn)
+{
+    if (!PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "_bind_abandoned needs a callable");
+        return NULL;
+    }
+    Py_XSETREF(g_abandoned, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 rt_drive(PyObject *chain, PyObject *send)
 {
@@ -1823,7 +1889,6 @@ rt_drive(PyObject *chain, PyObject *send)
             PyObject *k = Py_NewRef(PyTuple_GET_ITEM(payload, 2));
             Py_DECREF(payload);
             PyObject *on = get_handler_attr(handler, g_handler_on, off_on, s_on);
-            Py_DECREF(handler);
             PyObject *clause = on == NULL ? NULL : PyObject_GetItem(on, effect);
             Py_XDECREF(on);
             Py_DECREF(effect);
@@ -1845,8 +1910,11 @@ rt_drive(PyObject *chain, PyObject *send)
                 }
                 Py_DECREF(clause);
             }
+            if (abandoned(&k, handler, &result) < 0)
+                result = NULL;
+            Py_DECREF(handler);
             Py_DECREF(args);
-            Py_DECREF(k);
+            Py_XDECREF(k);
         }
         else if (kind == g_returned) {
             Py_DECREF(msg);
@@ -2046,6 +2114,7 @@ static PyMethodDef methods[] = {
     {"_bind_forward", bind_forward, METH_O, bind_forward_doc},
     {"_bind_c_abi", bind_c_abi, METH_VARARGS, bind_c_abi_doc},
     {"_bind_round_trip", bind_round_trip, METH_VARARGS, bind_round_trip_doc},
+    {"_bind_abandoned", bind_abandoned, METH_O, bind_abandoned_doc},
     {"switch_into", (PyCFunction)(void (*)(void))switch_into, METH_FASTCALL, switch_into_doc},
     {"drive", (PyCFunction)(void (*)(void))drive, METH_FASTCALL, drive_doc},
     {NULL, NULL, 0, NULL},
