@@ -32,6 +32,8 @@ import gc
 import os
 import sys
 import threading
+from typing import (TYPE_CHECKING, Any, Callable, Concatenate, Generic, Iterable, Mapping, Optional,
+                    ParamSpec, Tuple, TypeVar, Union)
 
 from . import fibers, tailcalls
 from .errors import Cancelled, ContinuationAlreadyResumed, Unhandled, ValidationError
@@ -43,17 +45,31 @@ __all__ = ["Effect", "perform", "Handler", "Continuation", "fiber", "Stepper", "
 
 PERFORMED = "performed"
 
+# Type parameters (docs/effects.md, "Typed effects"): an Effect[P, R] is
+# performed with arguments P and answers R; a Continuation[R, T] is resumed
+# with an R and returns the handler's result T.
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
 
 # --- effects ----------------------------------------------------------------
 
 
-class Effect:
+class Effect(Generic[P, R]):
     """An effect, interned by name: ``Effect("yield") is Effect("yield")``.
 
     ``id`` is a small positive int, stable for the life of the process and
     shared with the C ABI (``kina_effect_id``).  ``default``, when set, is a
     callable that answers the effect in place when no handler handles it
     (instead of raising :class:`Unhandled`).
+
+    For type checkers an effect is generic over its parameters and its answer:
+    ``Ask: Effect[[str], int] = Effect("ask")`` is performed with one ``str``
+    and answers an ``int``; :func:`perform`, ``Ask(...)``, ``Ask.on(clause)``
+    and ``Ask.fun(clause)`` are checked against that (docs/effects.md).  At
+    run time the parameters are not checked and every ``Effect("ask")`` is the
+    same object, whatever it is annotated with.
     """
 
     __slots__ = ("name", "id", "default", "__weakref__")
@@ -61,7 +77,7 @@ class Effect:
     _by_name: dict = {}
     _by_id: list = [None]          # ids start at 1; 0 means "no effect" in C
 
-    def __new__(cls, name: str):
+    def __new__(cls, name: str) -> "Effect[P, R]":
         if not isinstance(name, str) or not name:
             raise ValidationError(f"an effect name must be a non-empty str, not {name!r}")
         effect = cls._by_name.get(name)
@@ -78,7 +94,7 @@ class Effect:
         return effect
 
     @classmethod
-    def lookup(cls, key) -> "Effect":
+    def lookup(cls, key: Union[int, str]) -> "Effect[..., Any]":
         """The effect with this id (int) or name (str); ValidationError if none."""
         if isinstance(key, str):
             effect = cls._by_name.get(key)
@@ -90,9 +106,27 @@ class Effect:
             raise ValidationError(f"no effect with id or name {key!r}")
         return effect
 
-    def __call__(self, *args):
-        """``eff(*args)`` is ``perform(eff, *args)``."""
-        return perform(self, *args)
+    if TYPE_CHECKING:
+        default: Optional[Callable[P, R]]
+        name: str
+        id: int
+
+        def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+    else:
+        def __call__(self, *args):
+            """``eff(*args)`` is ``perform(eff, *args)``."""
+            return perform(self, *args)
+
+    def on(self, clause: Callable[Concatenate["Continuation[R, Any]", P], Any]
+           ) -> Tuple["Effect[P, R]", Callable[..., Any]]:
+        """``(self, clause)``, for ``Handler(on=[...])``: with it a type checker
+        matches the control clause ``clause(k, *args)`` against this effect."""
+        return (self, clause)
+
+    def fun(self, clause: Callable[P, Union[R, "_Forward"]]) -> Tuple["Effect[P, R]", Callable[..., Any]]:
+        """``(self, clause)``, for ``Handler(fun=[...])``: with it a type checker
+        matches the tail-resumptive clause ``clause(*args) -> R`` against this effect."""
+        return (self, clause)
 
     def __repr__(self):
         return f"Effect({self.name!r})"
@@ -121,6 +155,13 @@ class _Forward:
 FORWARD = _Forward()
 
 
+#: What ``Handler(on=...)`` and ``Handler(fun=...)`` take: a mapping from effects
+#: to clauses, or pairs ``(effect, clause)`` (``Effect.on`` / ``Effect.fun`` make
+#: pairs that type checkers check).
+Clauses = Union[Mapping["Effect[Any, Any]", Callable[..., Any]],
+                Iterable[Tuple["Effect[Any, Any]", Callable[..., Any]]]]
+
+
 def _check_clauses(clauses, what):
     clauses = dict(clauses or {})
     for effect, clause in clauses.items():
@@ -147,7 +188,9 @@ class Handler:
 
     __slots__ = ("on", "fun", "ret", "exc")
 
-    def __init__(self, on=None, fun=None, ret=None, exc=None):
+    def __init__(self, on: Optional[Clauses] = None, fun: Optional[Clauses] = None,
+                 ret: Optional[Callable[[Any], Any]] = None,
+                 exc: Optional[Callable[[Exception], Any]] = None) -> None:
         self.on = _check_clauses(on, "on")
         self.fun = _check_clauses(fun, "fun")
         both = self.on.keys() & self.fun.keys()
@@ -160,7 +203,7 @@ class Handler:
         self.ret = ret
         self.exc = exc
 
-    def run(self, fn, *args):
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` under this handler (deep; OCaml ``match_with``)."""
         if not self.on and not _stack_is_deep():
             return self._run_in_place(fn, args)
@@ -313,7 +356,12 @@ def _remove_marker(stack, marker):
             return
 
 
-perform = _perform_py
+if TYPE_CHECKING:
+    def perform(effect: Effect[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Perform ``effect`` with ``args``; return the value the handler resumes with."""
+        ...
+else:
+    perform = _perform_py
 
 
 def _suspend_perform(effect, args, found):
@@ -349,7 +397,7 @@ def _suspend_perform(effect, args, found):
 # --- continuations ----------------------------------------------------------
 
 
-class Continuation(Chain):
+class Continuation(Chain, Generic[R, T]):
     """A one-shot continuation: the suspended fibers from a perform up to its handler.
 
     Deep continuations (from ``Handler.run``) take ``resume``/``discontinue``;
@@ -367,25 +415,25 @@ class Continuation(Chain):
         self.base = base
         self.shallow = shallow
 
-    def resume(self, value=None):
+    def resume(self, value: R = None) -> T:  # type: ignore[assignment]
         """OCaml ``continue k value``: returns what the handler returns."""
         top = self.top
         if top is None or self.shallow or top.thread != local.state.serial:
             self._check(shallow=False)            # raises the matching error
         return _resume_from(sys._getframe(1), self, (False, value))
 
-    def discontinue(self, exc):
+    def discontinue(self, exc: Union[BaseException, type]) -> T:
         """OCaml ``discontinue k exc``: raise ``exc`` at the perform site."""
         self._check(shallow=False)
         return _resume_from(sys._getframe(1), self, (True, _as_exception(exc)))
 
-    def resume_with(self, value, handler: Handler):
+    def resume_with(self, value: R, handler: Handler) -> Any:
         """OCaml ``Effect.Shallow.continue_with k value handler``."""
         self._check(shallow=True)
         self._install(handler)
         return _resume_from(sys._getframe(1), self, (False, value))
 
-    def discontinue_with(self, exc, handler: Handler):
+    def discontinue_with(self, exc: Union[BaseException, type], handler: Handler) -> Any:
         """OCaml ``Effect.Shallow.discontinue_with k exc handler``."""
         self._check(shallow=True)
         self._install(handler)
@@ -436,7 +484,7 @@ _resume_py = Continuation.resume
 _del_py = Continuation.__del__
 
 
-def fiber(fn) -> Continuation:
+def fiber(fn: Callable[[Any], Any]) -> "Continuation[Any, Any]":
     """A shallow continuation that, resumed with ``v``, runs ``fn(v)`` (OCaml ``Effect.Shallow.fiber``)."""
     if not callable(fn):
         raise TypeError("fiber() needs a callable")
