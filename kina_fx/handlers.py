@@ -722,14 +722,29 @@ def _abandoned(box, handler, exc):
 
 
 def _referenced_by_traceback(k, exc):
+    # How many references to k come from the frames of exc's traceback, either
+    # directly (a clause's argument) or through a bound method of k
+    # (``k.resume`` handed to a helper) that nothing but those frames holds.
     if exc is None:
         return 0
     count = 0
+    methods = {}
     tb = exc.__traceback__
     while tb is not None:
-        count += sum(1 for ref in gc.get_referents(tb.tb_frame) if ref is k)
+        for ref in gc.get_referents(tb.tb_frame):
+            if ref is k:
+                count += 1
+            elif type(ref) in _BOUND_METHODS and ref.__self__ is k:
+                methods.setdefault(id(ref), [ref, 0])[1] += 1
         tb = tb.tb_next
+    ref = None                              # the loop's last referent: not a reference to count
+    for entry in methods.values():
+        if sys.getrefcount(entry[0]) - 2 == entry[1]:     # - the entry, - the argument
+            count += 1
     return count
+
+
+_BOUND_METHODS = (type(Chain.__init__.__get__(object.__new__(Chain))), type([].append))
 
 
 _DRIVE_CODE = _drive.__code__

@@ -733,3 +733,26 @@ def test_continuation_referenced_by_the_clause_exception_is_kept():
         Handler(on={Ask: raising}).run(body)
     assert events == []                       # the exception holds k: kept
     assert info.value.args[0].resume(7) == 7 and events == ["finally"]
+
+
+def test_bound_resume_passed_to_a_helper_that_raises_is_not_a_keeper():
+    events = []
+    kept = []
+
+    def body():
+        try:
+            return perform(Ask)
+        finally:
+            events.append("finally")
+
+    def helper(resume, keep):
+        if keep:
+            kept.append(resume)
+        raise ValueError
+
+    for keep in (False, True):
+        with pytest.raises(ValueError):
+            Handler(on={Ask: lambda k: helper(k.resume, keep)}).run(body)
+        events.append(("caller", keep))
+    assert events == ["finally", ("caller", False), ("caller", True)]
+    assert kept[0](5) == 5 and events[-1] == "finally"     # the kept one still resumes
