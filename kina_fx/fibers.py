@@ -361,7 +361,7 @@ def _run_job(st):
     except Unwind as exc:
         if st.current.unwinder is None:
             # Raised at a perform by a driver aborting an abandoned continuation
-            # (handlers._abandoned), not by unwind(): this fiber is attached, and
+            # (handlers._abort_unless_kept), not by unwind(): this fiber is attached, and
             # its resumer waits for the outcome like any other.
             return (RAISED, exc)
         return None

@@ -666,12 +666,12 @@ def _drive(chain, send):
                 if k.top is not None:       # raised without using k: abort it?
                     box = [k]
                     del k
-                    _abandoned(box, handler, exc)
+                    _abort_unless_kept(box, handler, exc)
                 raise
             if k.top is not None:           # returned without using k: abort it?
                 box = [k]
                 del k
-                _abandoned(box, handler, None)
+                _abort_unless_kept(box, handler, None)
         elif kind is RETURNED:
             result = payload if handler.ret is None else handler.ret(payload)
         elif kind is RAISED:
@@ -684,7 +684,7 @@ def _drive(chain, send):
         return result
 
 
-def _abandoned(box, handler, exc):
+def _abort_unless_kept(box, handler, exc):
     """Eager abort: called by the driver loop (this module's and speedups.c's)
     when ``handler``'s clause returned, or raised ``exc``, without resuming or
     discontinuing its continuation ``k``, the only item of ``box`` (the
@@ -845,7 +845,7 @@ if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
                                  tailcalls.tail_calls_by_code, tailcalls.tail_calls,
                                  tailcalls.names_function)
             _speedups._bind_forward(FORWARD)
-            _speedups._bind_abandoned(_abandoned)
+            _speedups._bind_abort(_abort_unless_kept)
             _resume_c, _del_c = _speedups._bind_round_trip(
                 Chain, Continuation, GreenletExit, fibers.Unwind, fibers._begin_unwind_here,
                 fibers.switch_into, _resume_py, PERFORMED, RETURNED, RAISED, fibers.unwind)

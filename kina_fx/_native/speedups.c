@@ -1792,16 +1792,16 @@ static PyMethodDef resume_def = {
 /* The eager abort of handlers._drive: after a clause returned ``*result`` (or
  * raised: *result NULL) without using its continuation ``*k`` (``k.top`` is
  * not None), hand ``[k]`` (our reference, stolen: *k becomes NULL) to
- * handlers._abandoned, which aborts k unless something else keeps it.
+ * handlers._abort_unless_kept, which aborts k unless something else keeps it.
  * Returns -1 when that raised (the cleanup's exception, now set, replaces the
  * clause's result or exception), 0 otherwise (*result and any exception of the
  * clause unchanged). */
-static PyObject *g_abandoned;        /* handlers._abandoned (_bind_abandoned)    */
+static PyObject *g_abort_unless_kept;  /* handlers._abort_unless_kept (_bind_abort) */
 
 static int
-abandoned(PyObject **k, PyObject *handler, PyObject **result)
+abort_unless_kept(PyObject **k, PyObject *handler, PyObject **result)
 {
-    if (g_abandoned == NULL)
+    if (g_abort_unless_kept == NULL)
         return 0;
     PyObject *exc = *result == NULL ? exc_save() : NULL;
     PyObject *top = Py_TYPE(*k) == g_cont_t ? Py_XNewRef(SLOT(*k, off_top))
@@ -1826,7 +1826,7 @@ abandoned(PyObject **k, PyObject *handler, PyObject **result)
     }
     PyList_SET_ITEM(box, 0, *k);
     *k = NULL;
-    PyObject *r = PyObject_CallFunctionObjArgs(g_abandoned, box, handler,
+    PyObject *r = PyObject_CallFunctionObjArgs(g_abort_unless_kept, box, handler,
                                                exc != NULL ? exc : Py_None, NULL);
     Py_DECREF(box);
     if (r == NULL) {
@@ -1840,18 +1840,18 @@ abandoned(PyObject **k, PyObject *handler, PyObject **result)
     return 0;
 }
 
-PyDoc_STRVAR(bind_abandoned_doc,
-"_bind_abandoned($module, abandoned, /)\n--\n\n"
-"Called by kina_fx.handlers: the driver loop's eager abort (handlers._abandoned).");
+PyDoc_STRVAR(bind_abort_doc,
+"_bind_abort($module, abort_unless_kept, /)\n--\n\n"
+"Called by kina_fx.handlers: the driver loop's eager abort (handlers._abort_unless_kept).");
 
 static PyObject *
-bind_abandoned(PyObject *Py_UNUSED(module), PyObject *fn)
+bind_abort(PyObject *Py_UNUSED(module), PyObject *fn)
 {
     if (!PyCallable_Check(fn)) {
-        PyErr_SetString(PyExc_TypeError, "_bind_abandoned needs a callable");
+        PyErr_SetString(PyExc_TypeError, "_bind_abort needs a callable");
         return NULL;
     }
-    Py_XSETREF(g_abandoned, Py_NewRef(fn));
+    Py_XSETREF(g_abort_unless_kept, Py_NewRef(fn));
     Py_RETURN_NONE;
 }
 
@@ -1910,7 +1910,7 @@ rt_drive(PyObject *chain, PyObject *send)
                 }
                 Py_DECREF(clause);
             }
-            if (abandoned(&k, handler, &result) < 0)
+            if (abort_unless_kept(&k, handler, &result) < 0)
                 result = NULL;
             Py_DECREF(handler);
             Py_DECREF(args);
@@ -2114,7 +2114,7 @@ static PyMethodDef methods[] = {
     {"_bind_forward", bind_forward, METH_O, bind_forward_doc},
     {"_bind_c_abi", bind_c_abi, METH_VARARGS, bind_c_abi_doc},
     {"_bind_round_trip", bind_round_trip, METH_VARARGS, bind_round_trip_doc},
-    {"_bind_abandoned", bind_abandoned, METH_O, bind_abandoned_doc},
+    {"_bind_abort", bind_abort, METH_O, bind_abort_doc},
     {"switch_into", (PyCFunction)(void (*)(void))switch_into, METH_FASTCALL, switch_into_doc},
     {"drive", (PyCFunction)(void (*)(void))drive, METH_FASTCALL, drive_doc},
     {NULL, NULL, 0, NULL},
