@@ -59,7 +59,11 @@ def test_mypy_accepts_the_example_and_reports_every_planted_error(tmp_path):
     if _tool("mypy") is None:
         pytest.skip("mypy not installed (pip install -e '.[test]')")
     proc = subprocess.run(
-        [sys.executable, "-m", "mypy", "--follow-imports=silent", "--no-error-summary",
+        # --explicit-package-bases: the files' package is found from the working
+        # directory, not by walking up the tree for __init__.py files (a stray
+        # one in a parent directory would break the walk).
+        [sys.executable, "-m", "mypy", "--explicit-package-bases", "--follow-imports=silent",
+         "--no-error-summary",
          "--cache-dir", str(tmp_path / "cache"), "--python-version", f"{sys.version_info[0]}.{sys.version_info[1]}",
          EXAMPLE, PLANTED],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
