@@ -1,18 +1,23 @@
-"""Build hook: compile libkina_fx.so (cffi embedding mode) at install time.
+"""Build hook: compile kina_fx's C library (kina_fx/_native/build.py) as part of build_ext.
 
-The library links the interpreter it is built for, so it is built on the target
-by ``pip install .`` and ``pip install -e .`` alike: a build_ext command whose
-one "extension" is the library.  In a regular install it lands in the wheel
-(``kina_fx/libkina_fx.so``, ``kina_fx/include/kina_fx.h``); in an editable
-install build_ext runs in place and writes them into the source tree.
+The library is one build_ext "extension", ``kina_fx.libkina_fx``, whose build
+writes several files (build.py's docstring says which): the loader
+``libkina_fx.so`` that C hosts link, the embedded module it loads, the header
+and the pkg-config file.  A wheel gets them under ``kina_fx/``; an editable
+install writes them into the source tree.  Neither file depends on where the
+build ran: no path of pip's build environment, no RPATH to the build
+machine's libpython (the loader finds the interpreter at run time), except
+that an editable install records its own interpreter as a last resort.
 """
 import importlib.util
 import os
+import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+NATIVE_LIBRARY = "kina_fx.libkina_fx"
 
 
 def _native_builder():
@@ -27,41 +32,53 @@ class BuildNative(build_ext):
     """Builds the ``kina_fx.libkina_fx`` pseudo-extension with kina_fx/_native/build.py."""
 
     def get_ext_filename(self, fullname):
-        if fullname == "kina_fx.libkina_fx":
+        if fullname == NATIVE_LIBRARY:
             return os.path.join("kina_fx", "libkina_fx.so")
         return super().get_ext_filename(fullname)
 
+    def _native_outputs(self):
+        """Every file the native build writes, relative to the package directory."""
+        builder = _native_builder()
+        return [builder.LIBRARY, builder.EMBEDDED_LIBRARY, os.path.join("include", builder.HEADER),
+                os.path.join("pkgconfig", builder.PKGCONFIG)]
+
     def build_extension(self, ext):
-        if ext.name != "kina_fx.libkina_fx":
+        if ext.name != NATIVE_LIBRARY:
             return super().build_extension(ext)
+        editable = bool(getattr(self, "editable_mode", False) or self.inplace)
         target = self.get_ext_fullpath(ext.name)
-        _native_builder().build(os.path.dirname(target), verbose=bool(self.verbose > 1))
+        _native_builder().build(os.path.dirname(target), verbose=bool(self.verbose > 1),
+                                interpreter=sys.executable if editable else None)
 
     def copy_extensions_to_source(self):
-        """Editable installs: also put the header next to the in-place library."""
+        """Editable installs: put every native file in the source tree, not only the .so."""
         super().copy_extensions_to_source()
-        for ext in self.extensions:
-            if ext.name == "kina_fx.libkina_fx":
-                built = os.path.join(self.build_lib, "kina_fx", "include", "kina_fx.h")
-                target = os.path.join(HERE, "kina_fx", "include", "kina_fx.h")
-                self.mkpath(os.path.dirname(target))
-                self.copy_file(built, target, level=self.verbose)
+        if not any(ext.name == NATIVE_LIBRARY for ext in self.extensions):
+            return
+        for name in self._native_outputs()[1:]:  # [0], the .so, super() copied
+            built = os.path.join(self.build_lib, "kina_fx", name)
+            target = os.path.join(HERE, "kina_fx", name)
+            self.mkpath(os.path.dirname(target))
+            self.copy_file(built, target, level=self.verbose)
 
     def get_outputs(self):
         outputs = super().get_outputs()
         for ext in self.extensions:
-            if ext.name == "kina_fx.libkina_fx":
+            if ext.name == NATIVE_LIBRARY:
                 outdir = os.path.dirname(self.get_ext_fullpath(ext.name))
-                outputs.append(os.path.join(outdir, "include", "kina_fx.h"))
+                outputs.extend(os.path.join(outdir, name) for name in self._native_outputs()[1:])
         return outputs
 
 
 setup(
     ext_modules=[
-        Extension("kina_fx.libkina_fx", sources=[]),
+        Extension(NATIVE_LIBRARY, sources=[]),
         # The compiled fast path of handlers.perform.  Optional: when it cannot
         # be compiled, build_ext warns and kina_fx runs in pure Python.
-        Extension("kina_fx._speedups", sources=["kina_fx/_native/speedups.c"], optional=True),
+        Extension("kina_fx._speedups", optional=True,
+                  sources=[f"kina_fx/_native/speedups_{part}.c"
+                           for part in ("module", "types", "perform", "c_abi", "c_fibers", "tail", "round_trip")],
+                  depends=["kina_fx/_native/speedups.h", "kina_fx/_native/kina_fast_api.h"]),
     ],
     cmdclass={"build_ext": BuildNative},
 )

@@ -30,18 +30,21 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import sys
 import threading
+import types
 from typing import (TYPE_CHECKING, Any, Callable, Concatenate, Generic, Iterable, Mapping, Optional,
                     ParamSpec, Tuple, TypeVar, Union)
 
 from . import fibers, tailcalls
 from .errors import Cancelled, ContinuationAlreadyResumed, Unhandled, ValidationError
-from .fibers import RAISED, RETURNED, Chain, check_owner, local, thread_token
+from .fibers import RAISED, RETURNED, Chain, check_owner, data_type, local, thread_token
 from greenlet import GreenletExit
 
 __all__ = ["Effect", "perform", "Handler", "Continuation", "fiber", "Stepper", "FORWARD",
-           "push_handler", "pop_handler", "suspend_to_host", "thread_token", "check_owner"]
+           "push_handler", "pop_handler", "suspend_to_host", "thread_token", "check_owner",
+           "bind_c_abi"]
 
 PERFORMED = "performed"
 
@@ -161,9 +164,18 @@ FORWARD = _Forward()
 Clauses = Union[Mapping["Effect[Any, Any]", Callable[..., Any]],
                 Iterable[Tuple["Effect[Any, Any]", Callable[..., Any]]]]
 
+_CALLED_AS = {"on": "clause(k, *args): the continuation, then the arguments of perform",
+              "fun": "clause(*args): the arguments of perform"}
+
 
 def _check_clauses(clauses, what):
-    clauses = dict(clauses or {})
+    if clauses is None:
+        return {}
+    try:
+        clauses = dict(clauses)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} must map each Effect to its clause, as in "
+                        f"Handler({what}={{effect: clause}}), not {clauses!r}") from None
     for effect, clause in clauses.items():
         if not isinstance(effect, Effect):
             raise TypeError(f"{what} keys must be Effect instances, not {effect!r}")
@@ -172,7 +184,36 @@ def _check_clauses(clauses, what):
     return clauses
 
 
-class Handler:
+_ARITY_MESSAGE = re.compile(r"^([\w.<>]+)\(\) (?:takes|missing|got)")
+
+
+def _explain_clause_error(handler, exc):
+    """When ``exc`` is Python's TypeError for calling one of ``handler``'s
+    clauses with the wrong arguments, add which effect's clause it was and how
+    clauses are called.  Runs only on the way out of a failed handler, so the
+    hot path pays nothing (no signature is inspected when a handler is built:
+    handlers are built in hot loops)."""
+    message = str(exc)
+    match = _ARITY_MESSAGE.match(message)
+    if match is None or "clause for" in message:
+        return
+    codes = set()
+    tb = exc.__traceback__
+    while tb is not None:   # a frame of the clause itself: the error is inside it
+        codes.add(tb.tb_frame.f_code)
+        tb = tb.tb_next
+    culprits = [(what, effect) for what, clauses in (("on", handler.on), ("fun", handler.fun))
+                for effect, clause in clauses.items()
+                if getattr(clause, "__qualname__", None) == match.group(1)
+                and getattr(getattr(clause, "__func__", clause), "__code__", None) not in codes]
+    if len(culprits) == 1:
+        what, effect = culprits[0]
+        article = "an" if what == "on" else "a"
+        exc.args = (f"{message} (the {what!r} clause for {effect!r} of {handler!r}; "
+                    f"{article} {what!r} clause is called as {_CALLED_AS[what]})",)
+
+
+class Handler(data_type("HandlerData", ("on", "fun", "ret", "exc"))):
     """A handler: control clauses (``on``), tail-resumptive clauses (``fun``),
     a return clause (``ret``) and an exception clause (``exc``).
 
@@ -186,7 +227,7 @@ class Handler:
       ``BaseException``-only ones (``KeyboardInterrupt``, ``GreenletExit``).
     """
 
-    __slots__ = ("on", "fun", "ret", "exc")
+    __slots__ = ()
 
     def __init__(self, on: Optional[Clauses] = None, fun: Optional[Clauses] = None,
                  ret: Optional[Callable[[Any], Any]] = None,
@@ -205,10 +246,14 @@ class Handler:
 
     def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` under this handler (deep; OCaml ``match_with``)."""
-        if not self.on and not _stack_is_deep():
-            return self._run_in_place(fn, args)
-        chain = Chain(*(2 * (fibers.new_fiber(fn, args, self),)))
-        return _drive(chain, (False, None))
+        try:
+            if not self.on and not _stack_is_deep():
+                return self._run_in_place(fn, args)
+            chain = Chain(*(2 * (fibers.new_fiber(fn, args, self),)))
+            return _drive(chain, (False, None))
+        except TypeError as exc:
+            _explain_clause_error(self, exc)
+            raise
 
     def _run_in_place(self, fn, args):
         # Without control clauses nothing can suspend to this handler, so the
@@ -234,8 +279,10 @@ class Handler:
         push_handler(self)
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, exc_type, exc, traceback):
         pop_handler(self)
+        if isinstance(exc, TypeError):
+            _explain_clause_error(self, exc)
         return False
 
     def __repr__(self):
@@ -266,11 +313,11 @@ def _pop(entry):
         raise ValidationError(f"{entry!r} is not the innermost handler of this fiber")
 
 
-class _Skip:
+class _Skip(data_type("SkipData", ("fiber", "index"))):
     """Pushed while a ``fun`` clause runs: the search resumes below the handler
     that owns the clause (entry ``index`` of ``fiber``; -1 is its control handler)."""
 
-    __slots__ = ("fiber", "index")
+    __slots__ = ()
 
     def __init__(self, fiber, index):
         self.fiber = fiber
@@ -284,7 +331,7 @@ def _perform_py(effect, *args):
     scope handles ``effect`` and it has no ``default``.
 
     This is the reference implementation; ``perform`` is the compiled copy in
-    kina_fx/_native/speedups.c when that was built (see the end of this module).
+    kina_fx/_native/speedups_perform.c when that was built (see the end of this module).
     """
     st = local.state
     f = st.current
@@ -397,7 +444,8 @@ def _suspend_perform(effect, args, found):
 # --- continuations ----------------------------------------------------------
 
 
-class Continuation(Chain, Generic[R, T]):
+class Continuation(Chain, data_type("ContinuationData", ("shallow",), base=Chain.__base__),
+                   Generic[R, T]):
     """A one-shot continuation: the suspended fibers from a perform up to its handler.
 
     Deep continuations (from ``Handler.run``) take ``resume``/``discontinue``;
@@ -408,7 +456,7 @@ class Continuation(Chain, Generic[R, T]):
     blocks and ``with`` exits of the suspended code run.
     """
 
-    __slots__ = ("shallow",)
+    __slots__ = ()
 
     def __init__(self, top, base, shallow=False):
         self.top = top
@@ -478,7 +526,7 @@ class Continuation(Chain, Generic[R, T]):
         return f"<Continuation {kind} {'used' if self.top is None else 'ready'}>"
 
 
-# The reference resume; the compiled one (speedups.c's rt_resume, a method
+# The reference resume; the compiled one (speedups_round_trip.c's rt_resume, a method
 # descriptor) replaces it on the class unless KINA_FX_PURE_PYTHON=1.
 _resume_py = Continuation.resume
 _del_py = Continuation.__del__
@@ -518,14 +566,22 @@ _abandoned = []
 def suspend_to_host(effect, *args):
     """From inside a handler clause: suspend the nearest :class:`Stepper` fiber
     outside that handler as if it had caught ``effect`` itself; return the value
-    its owner resumes it with."""
-    return perform(_SUSPEND_TO_HOST, effect, args)
+    its owner resumes it with.  :class:`Unhandled` (naming ``effect``, not the
+    private effect used for it) when no Stepper is outside."""
+    try:
+        return perform(_SUSPEND_TO_HOST, effect, args)
+    except Unhandled as exc:
+        if exc.effect is not _SUSPEND_TO_HOST:
+            raise
+    raise Unhandled(effect, args, f"no fiber to suspend for {effect.name}: its handler asked to "
+                                  "suspend (KINA_SUSPEND) but no kina_fiber_create fiber "
+                                  "(Stepper) is outside the handler")
 
 
-class _Catch:
+class _Catch(data_type("CatchData", ("effects",))):
     """The ``on`` table of a Stepper's handler: which effects suspend the fiber."""
 
-    __slots__ = ("effects",)
+    __slots__ = ()
 
     def __init__(self, effects):
         self.effects = None if effects is None else frozenset(effects)
@@ -538,7 +594,8 @@ class _Catch:
         return iter(self.effects or ())
 
 
-class Stepper:
+class Stepper(data_type("StepperData", ("_handler", "_chain", "state", "effect", "args", "result",
+                                        "error", "thread"))):
     """A fiber its owner drives one step at a time, like a generator.
 
     ``Stepper(fn, *args, catch=None)`` runs ``fn(*args)`` on a new fiber whose
@@ -633,14 +690,14 @@ class Stepper:
 
 # --- the driver loop --------------------------------------------------------
 
-# fibers.switch_into, or its compiled copy (speedups.c's rt_switch_into).
+# fibers.switch_into, or its compiled copy (speedups_round_trip.c's rt_switch_into).
 _switch_into = fibers.switch_into
 
 
-class _TailResume:
+class _TailResume(data_type("TailResumeData", ("chain", "send"))):
     """Handed back by a resume in tail position to the driver that called the clause."""
 
-    __slots__ = ("chain", "send")
+    __slots__ = ()
 
     def __init__(self, chain, send):
         self.chain = chain
@@ -744,7 +801,7 @@ def _referenced_by_traceback(k, exc):
     return count
 
 
-_BOUND_METHODS = (type(Chain.__init__.__get__(object.__new__(Chain))), type([].append))
+_BOUND_METHODS = (types.MethodType, types.BuiltinMethodType)
 
 
 _DRIVE_CODE = _drive.__code__
@@ -753,7 +810,7 @@ _drive_c = None
 
 
 def _drive_compiled(chain, send):
-    """_drive with its loop compiled (speedups.c's rt_drive); replaces _drive.
+    """_drive with its loop compiled (speedups_round_trip.c's rt_drive); replaces _drive.
 
     The clauses the C loop calls see this frame as their caller, so the tail
     check looks for this function's code instead of _drive_py's.
@@ -822,7 +879,35 @@ def _resume_nested(tail):
     return _drive(chain, send)
 
 
-# kina_fx._speedups (kina_fx/_native/speedups.c, built by setup.py when a
+# --- the C ABI's binding point ------------------------------------------------
+
+
+def bind_c_abi(clause_type, answer_to_int64, report_error):
+    """Turn on libkina_fx.so's C fast paths (kina_perform answered by C
+    handlers, host fibers driven) so that they run without entering Python.
+
+    ``clause_type`` is the class of the ``fun`` clauses that stand for C
+    handlers (kina_fx.ffi_effects.CClause); ``answer_to_int64(effect, value)``
+    converts a Python answer for C, ``report_error(exc)`` sets kina_last_error
+    and returns the status.  Returns the fast paths' view of the host fiber
+    handles, which the caller keeps up to date (``note(handle, stepper)``,
+    ``forget(handle)``, ``forget_all()``), or None (changing nothing) when the
+    compiled perform is not the one in use: every call then takes the Python
+    path.  ``bind_c_abi(None, None, None)`` turns the fast paths off.
+    """
+    if perform is _perform_py:
+        return None
+    try:
+        if clause_type is None:
+            _speedups._bind_c_abi(None)
+            return None
+        _speedups._bind_c_abi(clause_type, Effect._by_id, answer_to_int64, report_error)
+    except (TypeError, AttributeError):      # a stale build: the Python path still works
+        return None
+    return _fiber_handle_mirror
+
+
+# kina_fx._speedups (kina_fx/_native/speedups_*.c, built by setup.py when a
 # compiler is available) has transcriptions of _perform_py and
 # _returns_straight_to_driver, several times faster, and of the round trip of
 # an ``on`` clause: _suspend_perform with fibers.post/suspend/_switch (inside
@@ -849,6 +934,8 @@ if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
             _resume_c, _del_c = _speedups._bind_round_trip(
                 Chain, Continuation, GreenletExit, fibers.Unwind, fibers._begin_unwind_here,
                 fibers.switch_into, _resume_py, PERFORMED, RETURNED, RAISED, fibers.unwind)
+            _fiber_handle_mirror = _speedups._bind_steppers(Stepper, _Catch, _SUSPEND_TO_HOST,
+                                                            Cancelled)
         except (TypeError, AttributeError) as exc:   # a stale build: rebuild it
             import warnings
             warnings.warn(f"kina_fx._speedups does not fit this kina_fx ({exc}); "

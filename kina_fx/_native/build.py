@@ -1,31 +1,46 @@
-"""Build libkina_fx.so with cffi's embedding mode.
+"""Build the C library of kina_fx: two shared objects, a header and a pkg-config file.
 
-Run at install time by setup.py (the library is tied to the interpreter it is
-built for), or by hand: ``python kina_fx/_native/build.py OUTDIR``.  It writes
-``OUTDIR/libkina_fx.so`` and ``OUTDIR/include/kina_fx.h``.
+Run at install time by setup.py, or by hand: ``python kina_fx/_native/build.py OUTDIR``.
+It writes into OUTDIR:
+
+* ``libkina_fx.so`` -- what C hosts link: the loader (kina_loader.c).  It holds
+  no Python and links no libpython.  On its first call it finds the interpreter
+  of the environment it is installed in, loads that interpreter's libpython and
+  then the embedded module below, and forwards every export to it.
+* ``_libkina_fx_cpython.so`` -- kina_runtime.c compiled with cffi's embedding
+  mode for this CPython minor version.  Its Python symbols are left undefined
+  (as in any extension module), to be resolved against the libpython the
+  loader chose.  No RPATH names the build machine's libpython.
+* ``include/kina_fx.h`` and ``pkgconfig/kina_fx.pc``.
 
 The C part (kina_runtime.c) is the only thing exported; the ``extern "Python"``
 callbacks it calls are declared here from its ``KINA_EXPORTS`` table, so an
-export is added in one place on the C side.
+export is added in one place on the C side; the loader's forwarders come from
+the same tables.
 """
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
+import subprocess
 import sys
 import sysconfig
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIBRARY = "libkina_fx.so"
+EMBEDDED_LIBRARY = "_libkina_fx_cpython.so"
 HEADER = "kina_fx.h"
+PKGCONFIG = "kina_fx.pc"
 MODULE = "_kina_fx_embedded"
 
 TYPES_CDEF = """
 typedef struct { int64_t rank; void *descriptor; } kina_unranked_memref_t;
 typedef uint64_t kina_fiber_t;
 typedef uint64_t kina_handler_t;
+typedef uint64_t kina_tape_t;
 typedef int64_t (*kina_fiber_fn)(void *arg);
 typedef int32_t (*kina_handler_fn)(void *ctx, int32_t effect, const int64_t *args,
                                    int32_t nargs, int64_t *out_value);
@@ -55,19 +70,42 @@ except BaseException as exc:
 """
 
 # The files holding X(...) export lines: the memref runtime and the effects ABI.
-EXPORT_TABLES = ("kina_runtime.c", "kina_effects_exports.h")
+EXPORT_TABLES = ("kina_runtime.c", "kina_runtime_ops.h", "kina_tape_exports.h", "kina_effects_exports.h")
 
 _EXPORT_LINE = re.compile(r"^\s*X\((\w+),\s*(\w+),\s*\(([^)]*)\),\s*\(([^)]*)\)\)", re.M)
 
 
-def exports(source: str | None = None) -> list[tuple[str, str, str]]:
-    """``(exported name, Python callback name, parameter list)`` per KINA_EXPORTS line."""
+def _export_lines(source: str | None) -> list[tuple[str, str, str, str]]:
     if source is None:
         source = ""
         for name in EXPORT_TABLES:
             with open(os.path.join(HERE, name)) as f:
                 source += f.read()
-    return [(m.group(1), m.group(2), m.group(3).strip()) for m in _EXPORT_LINE.finditer(source)]
+    return [(m.group(1), m.group(2), m.group(3).strip(), m.group(4).strip())
+            for m in _EXPORT_LINE.finditer(source)]
+
+
+def exports(source: str | None = None) -> list[tuple[str, str, str]]:
+    """``(exported name, Python callback name, parameter list)`` per KINA_EXPORTS line."""
+    return [(name, py, params) for name, py, params, _ in _export_lines(source)]
+
+
+def version() -> str:
+    """kina_fx's version: ``__version__`` in kina_fx/__init__.py (its one source)."""
+    with open(os.path.join(HERE, "..", "__init__.py")) as f:
+        match = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M)
+    if match is None:
+        raise RuntimeError("kina_fx/__init__.py has no __version__")
+    return match.group(1)
+
+
+def libpython_soname() -> str:
+    """The file name the dynamic loader knows this interpreter's libpython by."""
+    name = sysconfig.get_config_var("INSTSONAME") or ""
+    if not name.startswith("libpython"):  # a static-only build names its .a here
+        abiflags = getattr(sys, "abiflags", "")
+        name = f"libpython{sys.version_info.major}.{sys.version_info.minor}{abiflags}.so.1.0"
+    return name
 
 
 def make_ffi():
@@ -83,39 +121,113 @@ def make_ffi():
         f'extern "Python" int32_t {py}({params});\n' for _, py, params in table)
     ffibuilder.cdef(cdef)
     ffibuilder.embedding_init_code(INIT_CODE)
-    libdir = sysconfig.get_config_var("LIBDIR") or ""
-    ffibuilder.set_source(
-        MODULE,
-        source,
-        include_dirs=[HERE],
-        define_macros=[("KINA_FX_BUILD_PYTHON", '"%s"' % sys.executable.replace('"', '\\"'))],
-        extra_compile_args=["-O2", "-fvisibility=hidden"],
-        # RPATH (not RUNPATH) to this interpreter's libpython: Debian ships another
-        # libpython3.x that the loader could pick otherwise.  The version script
-        # exports only the ABI (not cffi's PyInit function).
-        extra_link_args=[f"-Wl,-rpath,{libdir}", "-Wl,--disable-new-dtags",
-                         f"-Wl,-soname,{LIBRARY}",
-                         "-Wl,--version-script=" + os.path.join(HERE, "exports.map"),
-                         "-ldl", "-lpthread"],
-    )
+    ffibuilder.set_source(MODULE, source)
     return ffibuilder
 
 
-def build(outdir: str, verbose: bool = False) -> str:
-    """Compile the library into ``outdir`` and copy the header to ``outdir/include``."""
+def _compiler() -> list[str]:
+    """$CC, else the compiler this interpreter was built with (as setuptools picks it)."""
+    return shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+
+
+def _c_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _link(source: str, target: str, extra: list[str], verbose: bool) -> None:
+    """Compile and link one shared object.  Not through setuptools or cffi's
+    compile(): both add libpython or the build interpreter's RPATH on some
+    platforms, and the point here is that neither lib depends on them."""
+    # Each source is compiled from its own directory under its bare name: the
+    # object's file symbol then names no directory of the build machine.
+    cmd = [*_compiler(), "-shared", "-fPIC", "-O2", "-fvisibility=hidden", "-Wall",
+           f"-I{HERE}", *shlex.split(os.environ.get("CFLAGS", "")), os.path.basename(source),
+           "-o", target,
+           f"-Wl,--version-script={os.path.join(HERE, 'exports.map')}",
+           *extra, *shlex.split(os.environ.get("LDFLAGS", "")), "-ldl", "-lpthread"]
+    if verbose:
+        print(" ".join(shlex.quote(c) for c in cmd))
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.dirname(source))
+    if result.returncode != 0:
+        raise RuntimeError(f"compiling {os.path.basename(target)} failed:\n"
+                           f"{' '.join(shlex.quote(c) for c in cmd)}\n{result.stdout}{result.stderr}")
+
+
+def _loader_table(path: str) -> None:
+    """kina_loader_exports.h: the loader's X(name, (parameters), (arguments)) table."""
+    lines = [f"    X({name}, ({params}), ({args})) \\\n" for name, _, params, args in _export_lines(None)]
+    with open(path, "w") as f:
+        f.write("/* Generated by kina_fx/_native/build.py from the export tables. */\n"
+                "#define KINA_LOADER_EXPORTS(X) \\\n" + "".join(lines) + "\n")
+
+
+def _pkgconfig_text() -> str:
+    # ${pcfiledir}: pkg-config substitutes the .pc file's own directory, so the
+    # file holds no absolute path and works wherever the wheel is installed.
+    return ("prefix=${pcfiledir}/..\n"
+            "libdir=${prefix}\n"
+            "includedir=${prefix}/include\n\n"
+            "Name: kina_fx\n"
+            "Description: The Kina runtime C ABI (memref runtime, effects) of kina_fx\n"
+            f"Version: {version()}\n"
+            "Cflags: -I${includedir}\n"
+            "Libs: -L${libdir} -Wl,-rpath,${libdir} -lkina_fx\n")
+
+
+def build(outdir: str, verbose: bool = False, interpreter: str | None = None) -> list[str]:
+    """Compile both libraries into ``outdir``, with the header and .pc file beside them.
+
+    ``interpreter`` is baked into the loader as the last resort when it finds
+    no environment around itself: only for editable installs, whose library
+    stays in the source tree.  Returns the paths written.
+    """
     outdir = os.path.abspath(outdir)
-    os.makedirs(os.path.join(outdir, "include"), exist_ok=True)
-    ffibuilder = make_ffi()
+    written = []
     with tempfile.TemporaryDirectory(prefix="kina_fx-build-") as tmp:
-        built = ffibuilder.compile(tmpdir=tmp, target=LIBRARY, verbose=verbose)
-        target = os.path.join(outdir, LIBRARY)
-        tmp_target = target + ".tmp"
-        shutil.copyfile(built, tmp_target)
-        os.chmod(tmp_target, 0o755)
-        os.replace(tmp_target, target)  # atomic: a running process keeps the old inode
-    shutil.copyfile(os.path.join(HERE, HEADER), os.path.join(outdir, "include", HEADER))
-    return target
+        embedded_c = os.path.join(tmp, MODULE + ".c")
+        make_ffi().emit_c_code(embedded_c)
+        paths = sysconfig.get_paths()
+        includes = sorted({paths["include"], paths["platinclude"]})
+        embedded = os.path.join(tmp, EMBEDDED_LIBRARY)
+        _link(embedded_c, embedded, [*(f"-I{p}" for p in includes),
+                                       f"-Wl,-soname,{EMBEDDED_LIBRARY}", "-Wl,-Bsymbolic"], verbose)
+
+        _loader_table(os.path.join(tmp, "kina_loader_exports.h"))
+        defines = {
+            "KINA_PYTHON_MAJOR": str(sys.version_info.major),
+            "KINA_PYTHON_MINOR": str(sys.version_info.minor),
+            "KINA_LIBPYTHON": _c_string(libpython_soname()),
+            "KINA_MULTIARCH": _c_string(sysconfig.get_config_var("MULTIARCH") or ""),
+            "KINA_EMBEDDED_LIBRARY": _c_string(EMBEDDED_LIBRARY),
+            "KINA_EDITABLE_PYTHON": _c_string(interpreter or ""),
+        }
+        loader = os.path.join(tmp, LIBRARY)
+        _link(os.path.join(HERE, "kina_loader.c"), loader,
+              [f"-I{tmp}", *(f"-D{k}={v}" for k, v in defines.items()), f"-Wl,-soname,{LIBRARY}"],
+              verbose)
+
+        os.makedirs(outdir, exist_ok=True)
+        for built in (embedded, loader):
+            target = os.path.join(outdir, os.path.basename(built))
+            shutil.copyfile(built, target + ".tmp")
+            os.chmod(target + ".tmp", 0o755)
+            os.replace(target + ".tmp", target)  # atomic: a running process keeps the old inode
+            written.append(target)
+    for sub, name, text in (("include", HEADER, None), ("pkgconfig", PKGCONFIG, _pkgconfig_text())):
+        os.makedirs(os.path.join(outdir, sub), exist_ok=True)
+        target = os.path.join(outdir, sub, name)
+        if text is None:
+            shutil.copyfile(os.path.join(HERE, name), target)
+        else:
+            with open(target, "w") as f:
+                f.write(text)
+        written.append(target)
+    return written
 
 
 if __name__ == "__main__":
-    print(build(sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, ".."), verbose=True))
+    # By hand the library usually lands in the source tree, as an editable
+    # install's does: record this interpreter for it.
+    for path in build(sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, ".."),
+                      verbose=True, interpreter=sys.executable):
+        print(path)

@@ -51,35 +51,120 @@ typedef struct {
     int64_t sizes_and_strides[];
 } kina_memref_descriptor_t;
 
+/* Fixed-rank descriptors: MLIR's StridedMemRefType<T, N> in C, with the
+ * layout of kina_memref_descriptor_t (sizes[N] then strides[N] are its
+ * sizes_and_strides).  KINA_MEMREF_TYPEDEF declares one for any element type
+ * and rank >= 1; the common ones are predefined.  Pass one to an export as
+ * kina_unranked(N, &descriptor):
+ *
+ *     float a[6];
+ *     kina_memref_f32_2d_t d = {a, a, 0, {2, 3}, {3, 1}};
+ *     kina_unranked_memref_t m = kina_unranked(2, &d);
+ */
+#define KINA_MEMREF_TYPEDEF(T, N, name) \
+    typedef struct {                     \
+        T *allocated;                    \
+        T *aligned;                      \
+        int64_t offset;                  \
+        int64_t sizes[N];                \
+        int64_t strides[N];              \
+    } name
+
+/* Rank 0: no sizes or strides (the element is aligned[offset]). */
+typedef struct {
+    float *allocated;
+    float *aligned;
+    int64_t offset;
+} kina_memref_f32_0d_t;
+
+KINA_MEMREF_TYPEDEF(float, 1, kina_memref_f32_1d_t);
+KINA_MEMREF_TYPEDEF(float, 2, kina_memref_f32_2d_t);
+KINA_MEMREF_TYPEDEF(float, 3, kina_memref_f32_3d_t);
+KINA_MEMREF_TYPEDEF(float, 4, kina_memref_f32_4d_t);
+/* f16 elements as their IEEE-754 binary16 bits: C has no portable half type. */
+KINA_MEMREF_TYPEDEF(uint16_t, 1, kina_memref_f16_1d_t);
+KINA_MEMREF_TYPEDEF(uint16_t, 2, kina_memref_f16_2d_t);
+KINA_MEMREF_TYPEDEF(uint16_t, 3, kina_memref_f16_3d_t);
+KINA_MEMREF_TYPEDEF(uint16_t, 4, kina_memref_f16_4d_t);
+KINA_MEMREF_TYPEDEF(int64_t, 1, kina_memref_i64_1d_t);
+KINA_MEMREF_TYPEDEF(int64_t, 2, kina_memref_i64_2d_t);
+KINA_MEMREF_TYPEDEF(int64_t, 3, kina_memref_i64_3d_t);
+KINA_MEMREF_TYPEDEF(int64_t, 4, kina_memref_i64_4d_t);
+
+/* The unranked memref an export takes, for a descriptor of rank `rank`. */
+static inline kina_unranked_memref_t kina_unranked(int64_t rank, void *descriptor)
+{
+    kina_unranked_memref_t m;
+    m.rank = rank;
+    m.descriptor = descriptor;
+    return m;
+}
+
 /* ---- library ---------------------------------------------------------- */
 int32_t kina_abi_version(void);
 const char *kina_last_error(void);
 
-/* ---- memref runtime (shared/seeds/000, 001) ---------------------------- */
-/* dst <- src (same shape, any strides); `device` is the CUDA device ordinal
- * (0 on the CPU backend), anything else is KINA_STATUS_VALIDATION. */
-int32_t _mlir_ciface_runtime_copy_to_device_f32(kina_unranked_memref_t *dst,
-                                                kina_unranked_memref_t *src, int32_t device);
-int32_t _mlir_ciface_runtime_copy_to_device_f16(kina_unranked_memref_t *dst,
-                                                kina_unranked_memref_t *src, int32_t device);
-/* dst (host) <- src (device or host), same shape. */
-int32_t _mlir_ciface_runtime_copy_to_host_f32(kina_unranked_memref_t *dst,
-                                              kina_unranked_memref_t *src);
-/* out = a @ b with NumPy's matmul rules (batched for rank >= 3). */
-int32_t _mlir_ciface_runtime_gpu_matmul_f32(kina_unranked_memref_t *out,
-                                            kina_unranked_memref_t *a,
-                                            kina_unranked_memref_t *b);
-/* out = values[indices]: rows of `values`; out.shape = indices.shape + values.shape[1:]. */
-int32_t _mlir_ciface_runtime_gpu_gather_f32(kina_unranked_memref_t *out,
-                                            kina_unranked_memref_t *values,
-                                            kina_unranked_memref_t *indices);
-/* out = softmax(x) along `axis` (negative counts from the end); out may alias x. */
-int32_t _mlir_ciface_runtime_gpu_softmax_f32(kina_unranked_memref_t *out,
-                                             kina_unranked_memref_t *x, int32_t axis);
-/* out = x with every element repeated `reps` times along `axis`. */
-int32_t _mlir_ciface_runtime_gpu_repeat_interleave_f32(kina_unranked_memref_t *out,
-                                                       kina_unranked_memref_t *x,
-                                                       int32_t axis, int32_t reps);
+/* ---- memref runtime (docs/spec.md, "Memref runtime") ------------------- */
+/* The copy and compute exports: one per row of the runtime op table
+ * (kina_fx/runtime_ops.py, generated below; docs/abi.md "Runtime ops").  Each
+ * takes unranked memrefs, outputs first, then int32_t parameters, and returns
+ * a status.  Each performs its op's effect ("kina.runtime.<op>") on the calling
+ * fiber's handler stack: with no handler it computes as documented here; an
+ * autograd tape records it (docs/autograd-abi.md).
+ * Reductions take `axis` (negative counts from the end, or KINA_ALL_AXES) and
+ * `keepdims` (0 or 1).  Binary ops broadcast as NumPy does; `out` must have
+ * the broadcast (or reduced) shape exactly. */
+#define KINA_ALL_AXES (-2147483647 - 1)
+/* BEGIN generated by kina_fx.runtime_ops */
+/* [stable] dst = src on device ordinal `device` (0 on the CPU backend) */
+int32_t _mlir_ciface_runtime_copy_to_device_f32(kina_unranked_memref_t *dst, kina_unranked_memref_t *src, int32_t device);
+/* [stable] dst = src (float16) on device ordinal `device` */
+int32_t _mlir_ciface_runtime_copy_to_device_f16(kina_unranked_memref_t *dst, kina_unranked_memref_t *src, int32_t device);
+/* [stable] dst = src, into host-visible memory */
+int32_t _mlir_ciface_runtime_copy_to_host_f32(kina_unranked_memref_t *dst, kina_unranked_memref_t *src);
+/* [stable] out = a @ b (NumPy matmul rules, batched) */
+int32_t _mlir_ciface_runtime_gpu_matmul_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b);
+/* [stable] out = values[indices] (rows; indices in [0, rows), never wrapped) */
+int32_t _mlir_ciface_runtime_gpu_gather_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *values, kina_unranked_memref_t *indices);
+/* [stable] out = softmax(x) along `axis` */
+int32_t _mlir_ciface_runtime_gpu_softmax_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis);
+/* [stable] each element of x repeated `reps` times along `axis` (torch semantics) */
+int32_t _mlir_ciface_runtime_gpu_repeat_interleave_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t reps);
+/* [unstable] out = -x */
+int32_t _mlir_ciface_runtime_neg_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *x);
+/* [unstable] out = exp(x) */
+int32_t _mlir_ciface_runtime_exp_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *x);
+/* [unstable] out = log(x) */
+int32_t _mlir_ciface_runtime_log_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *x);
+/* [unstable] out = tanh(x) */
+int32_t _mlir_ciface_runtime_tanh_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *x);
+/* [unstable] out = 1 / (1 + exp(-x)) */
+int32_t _mlir_ciface_runtime_sigmoid_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *x);
+/* [unstable] out = max(x, 0) */
+int32_t _mlir_ciface_runtime_relu_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *x);
+/* [unstable] out = a + b (NumPy broadcasting) */
+int32_t _mlir_ciface_runtime_add_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b);
+/* [unstable] out = a - b (NumPy broadcasting) */
+int32_t _mlir_ciface_runtime_sub_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b);
+/* [unstable] out = a * b (NumPy broadcasting) */
+int32_t _mlir_ciface_runtime_mul_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b);
+/* [unstable] out = a / b (NumPy broadcasting) */
+int32_t _mlir_ciface_runtime_div_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b);
+/* [unstable] out = a ** b (NumPy broadcasting) */
+int32_t _mlir_ciface_runtime_pow_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b);
+/* [unstable] out = sum of x over `axis` (KINA_ALL_AXES: all), `keepdims` 0/1 */
+int32_t _mlir_ciface_runtime_sum_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t keepdims);
+/* [unstable] out = mean of x over `axis` (KINA_ALL_AXES: all), `keepdims` 0/1 */
+int32_t _mlir_ciface_runtime_mean_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t keepdims);
+/* [unstable] out = max of x over `axis` (KINA_ALL_AXES: all), `keepdims` 0/1 */
+int32_t _mlir_ciface_runtime_max_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t keepdims);
+/* [unstable] out = x with axes permuted: out.shape[i] = x.shape[perm[i]] */
+int32_t _mlir_ciface_runtime_transpose_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *x, kina_unranked_memref_t *perm);
+/* [unstable] out = log(softmax(x)) along `axis` */
+int32_t _mlir_ciface_runtime_log_softmax_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis);
+/* [unstable] out (rank 0) = mean over samples of -log_softmax(logits)[label], classes last */
+int32_t _mlir_ciface_runtime_cross_entropy_f32(kina_unranked_memref_t *out, kina_unranked_memref_t *logits, kina_unranked_memref_t *labels);
+/* END generated by kina_fx.runtime_ops */
 /* Fill the nested descriptor of `memref` (sizes set, no storage) in place:
  * allocated/aligned/offset/row-major strides of a new buffer of
  * product(sizes) * element_size bytes; element_size must be 2, 4 or 8. */
@@ -88,11 +173,11 @@ int32_t _mlir_ciface_runtime_gpu_alloc_unranked(kina_unranked_memref_t *memref,
 /* Free every buffer runtime_gpu_alloc_unranked returned; safe to repeat. */
 int32_t runtime_gpu_free_all(void);
 
-/* ---- effects C ABI (shared/seeds/001 section 3; docs/abi.md) ----------------
+/* ---- effects C ABI (docs/spec.md, "Effects C ABI"; docs/abi.md) ---------------
  *
- * Stability (shared/seeds/001): [stable] functions keep their signature and
+ * Stability (docs/spec.md): [stable] functions keep their signature and
  * meaning until a major ABI version bump; [unstable] ones may change in a
- * minor version.  The four functions the seed names are [stable].
+ * minor version.  The four functions the specification names are [stable].
  *
  * Model.  A fiber is a stackful coroutine running a C entry function.  Each
  * fiber has one handler stack, shared with Python: C handlers pushed with
@@ -128,8 +213,9 @@ typedef int64_t (*kina_fiber_fn)(void *arg);
 /* A C handler.  Return KINA_HANDLED with *out_value set to answer the perform
  * in place (no fiber switch), KINA_FORWARD to pass the effect to the next
  * handler out, KINA_SUSPEND to suspend the nearest kina_fiber_create fiber
- * outside this handler (its resumer sees the effect), or a positive
- * KINA_STATUS_* to make the perform fail with that status. */
+ * outside this handler (its resumer sees the effect), or a status 1-8
+ * (KINA_STATUS_*) that the perform returns; any other value makes the
+ * perform return KINA_STATUS_VALIDATION. */
 typedef int32_t (*kina_handler_fn)(void *ctx, int32_t effect, const int64_t *args,
                                    int32_t nargs, int64_t *out_value);
 
@@ -204,6 +290,76 @@ int32_t kina_push_handler(kina_handler_fn fn, void *ctx, const int32_t *effects,
 /* [stable] Pop `handler`, which must be the innermost entry of the running
  * fiber's handler stack (KINA_STATUS_VALIDATION otherwise); frees the handle. */
 int32_t kina_pop_handler(kina_handler_t handler);
+
+
+/* ---- autograd tapes over memrefs [unstable] (docs/autograd-abi.md) ----------
+ *
+ * A tape is a handler of the runtime ops' effects pushed on the calling
+ * fiber's handler stack by kina_tape_begin.  While it records, every runtime
+ * op that fiber calls (from C, MLIR or Python) is recorded; kina_tape_end stops
+ * recording; kina_tape_backward runs reverse mode from an output buffer and its
+ * cotangent; kina_tape_grad writes a watched buffer's gradient.  Tensors are
+ * identified by their memref: data address (aligned + offset), sizes, strides
+ * and element type.  The tape keeps copies of what backward needs, checks that
+ * a buffer it recorded still holds the recorded values when it is read again
+ * (else KINA_STATUS_VALIDATION, "overwritten"), and in strict mode (the
+ * default) refuses a floating input it cannot account for (not produced by a
+ * recorded op, not watched, not declared constant): ops compiled into loops
+ * instead of runtime calls are invisible to a tape, and strict mode makes that
+ * an error instead of a wrong gradient.  Tapes nest (higher-order
+ * derivatives); a tape belongs to the thread and fiber that began it. */
+typedef uint64_t kina_tape_t;
+
+/* kina_tape_begin flags. */
+#define KINA_TAPE_STRICT 0   /* default: unknown floating inputs are an error */
+#define KINA_TAPE_LENIENT 1  /* unknown floating inputs are constants */
+
+/* Element types of kina_tape_watch / kina_tape_constant. */
+#define KINA_DTYPE_F32 1
+#define KINA_DTYPE_F16 2
+#define KINA_DTYPE_I64 3
+
+/* Start recording on the calling fiber; *out_tape gets the handle. */
+int32_t kina_tape_begin(int32_t flags, kina_tape_t *out_tape);
+/* A differentiable input: gradients can be taken with respect to it.  Its
+ * values are copied now; floating types only (an integer buffer is
+ * KINA_STATUS_TYPE). */
+int32_t kina_tape_watch(kina_tape_t tape, kina_unranked_memref_t *buffer, int32_t dtype);
+/* An input that is not differentiated (data, labels); copied now. */
+int32_t kina_tape_constant(kina_tape_t tape, kina_unranked_memref_t *buffer, int32_t dtype);
+/* Stop recording (pops the tape, which must be the innermost handler). */
+int32_t kina_tape_end(kina_tape_t tape);
+/* Reverse mode from `output` (float32, produced by a recorded op or watched)
+ * seeded with `cotangent` (float32, same shape).  Needs an ended tape; may be
+ * repeated (each call replaces the gradients). */
+int32_t kina_tape_backward(kina_tape_t tape, kina_unranked_memref_t *output,
+                           kina_unranked_memref_t *cotangent);
+/* out_grad = d(output . cotangent)/d(watched) of the last backward (float32,
+ * the watched buffer's shape).  Under an enclosing tape that is recording,
+ * out_grad is recorded as produced by the backward pass: that is how nested
+ * tapes give second derivatives. */
+int32_t kina_tape_grad(kina_tape_t tape, kina_unranked_memref_t *watched,
+                       kina_unranked_memref_t *out_grad);
+/* Free the handle (ending the tape first if it is still recording). */
+int32_t kina_tape_free(kina_tape_t tape);
+
+/* The same for MLIR callers (llvm.emit_c_interface; the handle is an i64):
+ *   func.func private @kina_tape_begin(memref<*xi64>, i32) -> i32  (handle -> element 0)
+ *   func.func private @kina_tape_watch_f32(i64, memref<*xf32>) -> i32
+ *   func.func private @kina_tape_constant_f32(i64, memref<*xf32>) -> i32
+ *   func.func private @kina_tape_constant_i64(i64, memref<*xi64>) -> i32
+ *   func.func private @kina_tape_backward_f32(i64, memref<*xf32>, memref<*xf32>) -> i32
+ *   func.func private @kina_tape_grad_f32(i64, memref<*xf32>, memref<*xf32>) -> i32
+ * all with attributes {llvm.emit_c_interface}; kina_tape_end(i64) -> i32 and
+ * kina_tape_free(i64) -> i32 are declared without it. */
+int32_t _mlir_ciface_kina_tape_begin(kina_unranked_memref_t *out_handle, int32_t flags);
+int32_t _mlir_ciface_kina_tape_watch_f32(int64_t tape, kina_unranked_memref_t *buffer);
+int32_t _mlir_ciface_kina_tape_constant_f32(int64_t tape, kina_unranked_memref_t *buffer);
+int32_t _mlir_ciface_kina_tape_constant_i64(int64_t tape, kina_unranked_memref_t *buffer);
+int32_t _mlir_ciface_kina_tape_backward_f32(int64_t tape, kina_unranked_memref_t *output,
+                                            kina_unranked_memref_t *cotangent);
+int32_t _mlir_ciface_kina_tape_grad_f32(int64_t tape, kina_unranked_memref_t *watched,
+                                        kina_unranked_memref_t *out_grad);
 
 
 #ifdef __cplusplus
