@@ -412,7 +412,12 @@ def _run_job(st):
         if args is None:         # Effect.Shallow.fiber: fn receives the start value
             return (RETURNED, fn(send[1]))
         return (RETURNED, fn(*args))
-    except Unwind:
+    except Unwind as exc:
+        if st.current.unwinder is None:
+            # Raised at a perform by a driver aborting an abandoned continuation
+            # (handlers._abort_unless_kept), not by unwind(): this fiber is attached, and
+            # its resumer waits for the outcome like any other.
+            return (RAISED, exc)
         return None
     except BaseException as exc:  # the resumer decides what a failure means
         if isinstance(exc, GreenletExit) and st.current.unwinder is not None:

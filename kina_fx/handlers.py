@@ -28,10 +28,14 @@ therefore run in constant stack, however many effects are performed.
 """
 from __future__ import annotations
 
+import gc
 import os
 import re
 import sys
 import threading
+import types
+from typing import (TYPE_CHECKING, Any, Callable, Concatenate, Generic, Iterable, Mapping, Optional,
+                    ParamSpec, Tuple, TypeVar, Union)
 
 from . import fibers, tailcalls
 from .errors import Cancelled, ContinuationAlreadyResumed, Unhandled, ValidationError
@@ -44,17 +48,31 @@ __all__ = ["Effect", "perform", "Handler", "Continuation", "fiber", "Stepper", "
 
 PERFORMED = "performed"
 
+# Type parameters (docs/effects.md, "Typed effects"): an Effect[P, R] is
+# performed with arguments P and answers R; a Continuation[R, T] is resumed
+# with an R and returns the handler's result T.
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
 
 # --- effects ----------------------------------------------------------------
 
 
-class Effect:
+class Effect(Generic[P, R]):
     """An effect, interned by name: ``Effect("yield") is Effect("yield")``.
 
     ``id`` is a small positive int, stable for the life of the process and
     shared with the C ABI (``kina_effect_id``).  ``default``, when set, is a
     callable that answers the effect in place when no handler handles it
     (instead of raising :class:`Unhandled`).
+
+    For type checkers an effect is generic over its parameters and its answer:
+    ``Ask: Effect[[str], int] = Effect("ask")`` is performed with one ``str``
+    and answers an ``int``; :func:`perform`, ``Ask(...)``, ``Ask.on(clause)``
+    and ``Ask.fun(clause)`` are checked against that (docs/effects.md).  At
+    run time the parameters are not checked and every ``Effect("ask")`` is the
+    same object, whatever it is annotated with.
     """
 
     __slots__ = ("name", "id", "default", "__weakref__")
@@ -62,7 +80,7 @@ class Effect:
     _by_name: dict = {}
     _by_id: list = [None]          # ids start at 1; 0 means "no effect" in C
 
-    def __new__(cls, name: str):
+    def __new__(cls, name: str) -> "Effect[P, R]":
         if not isinstance(name, str) or not name:
             raise ValidationError(f"an effect name must be a non-empty str, not {name!r}")
         effect = cls._by_name.get(name)
@@ -79,7 +97,7 @@ class Effect:
         return effect
 
     @classmethod
-    def lookup(cls, key) -> "Effect":
+    def lookup(cls, key: Union[int, str]) -> "Effect[..., Any]":
         """The effect with this id (int) or name (str); ValidationError if none."""
         if isinstance(key, str):
             effect = cls._by_name.get(key)
@@ -91,9 +109,27 @@ class Effect:
             raise ValidationError(f"no effect with id or name {key!r}")
         return effect
 
-    def __call__(self, *args):
-        """``eff(*args)`` is ``perform(eff, *args)``."""
-        return perform(self, *args)
+    if TYPE_CHECKING:
+        default: Optional[Callable[P, R]]
+        name: str
+        id: int
+
+        def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+    else:
+        def __call__(self, *args):
+            """``eff(*args)`` is ``perform(eff, *args)``."""
+            return perform(self, *args)
+
+    def on(self, clause: Callable[Concatenate["Continuation[R, Any]", P], Any]
+           ) -> Tuple["Effect[P, R]", Callable[..., Any]]:
+        """``(self, clause)``, for ``Handler(on=[...])``: with it a type checker
+        matches the control clause ``clause(k, *args)`` against this effect."""
+        return (self, clause)
+
+    def fun(self, clause: Callable[P, Union[R, "_Forward"]]) -> Tuple["Effect[P, R]", Callable[..., Any]]:
+        """``(self, clause)``, for ``Handler(fun=[...])``: with it a type checker
+        matches the tail-resumptive clause ``clause(*args) -> R`` against this effect."""
+        return (self, clause)
 
     def __repr__(self):
         return f"Effect({self.name!r})"
@@ -121,6 +157,12 @@ class _Forward:
 #: the handlers outside (OCaml's ``effc`` returning ``None``, decided per call).
 FORWARD = _Forward()
 
+
+#: What ``Handler(on=...)`` and ``Handler(fun=...)`` take: a mapping from effects
+#: to clauses, or pairs ``(effect, clause)`` (``Effect.on`` / ``Effect.fun`` make
+#: pairs that type checkers check).
+Clauses = Union[Mapping["Effect[Any, Any]", Callable[..., Any]],
+                Iterable[Tuple["Effect[Any, Any]", Callable[..., Any]]]]
 
 _CALLED_AS = {"on": "clause(k, *args): the continuation, then the arguments of perform",
               "fun": "clause(*args): the arguments of perform"}
@@ -187,7 +229,9 @@ class Handler(data_type("HandlerData", ("on", "fun", "ret", "exc"))):
 
     __slots__ = ()
 
-    def __init__(self, on=None, fun=None, ret=None, exc=None):
+    def __init__(self, on: Optional[Clauses] = None, fun: Optional[Clauses] = None,
+                 ret: Optional[Callable[[Any], Any]] = None,
+                 exc: Optional[Callable[[Exception], Any]] = None) -> None:
         self.on = _check_clauses(on, "on")
         self.fun = _check_clauses(fun, "fun")
         both = self.on.keys() & self.fun.keys()
@@ -200,7 +244,7 @@ class Handler(data_type("HandlerData", ("on", "fun", "ret", "exc"))):
         self.ret = ret
         self.exc = exc
 
-    def run(self, fn, *args):
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` under this handler (deep; OCaml ``match_with``)."""
         try:
             if not self.on and not _stack_is_deep():
@@ -359,7 +403,12 @@ def _remove_marker(stack, marker):
             return
 
 
-perform = _perform_py
+if TYPE_CHECKING:
+    def perform(effect: Effect[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Perform ``effect`` with ``args``; return the value the handler resumes with."""
+        ...
+else:
+    perform = _perform_py
 
 
 def _suspend_perform(effect, args, found):
@@ -395,7 +444,8 @@ def _suspend_perform(effect, args, found):
 # --- continuations ----------------------------------------------------------
 
 
-class Continuation(Chain, data_type("ContinuationData", ("shallow",), base=Chain.__base__)):
+class Continuation(Chain, data_type("ContinuationData", ("shallow",), base=Chain.__base__),
+                   Generic[R, T]):
     """A one-shot continuation: the suspended fibers from a perform up to its handler.
 
     Deep continuations (from ``Handler.run``) take ``resume``/``discontinue``;
@@ -413,25 +463,25 @@ class Continuation(Chain, data_type("ContinuationData", ("shallow",), base=Chain
         self.base = base
         self.shallow = shallow
 
-    def resume(self, value=None):
+    def resume(self, value: R = None) -> T:  # type: ignore[assignment]
         """OCaml ``continue k value``: returns what the handler returns."""
         top = self.top
         if top is None or self.shallow or top.thread != local.state.serial:
             self._check(shallow=False)            # raises the matching error
         return _resume_from(sys._getframe(1), self, (False, value))
 
-    def discontinue(self, exc):
+    def discontinue(self, exc: Union[BaseException, type]) -> T:
         """OCaml ``discontinue k exc``: raise ``exc`` at the perform site."""
         self._check(shallow=False)
         return _resume_from(sys._getframe(1), self, (True, _as_exception(exc)))
 
-    def resume_with(self, value, handler: Handler):
+    def resume_with(self, value: R, handler: Handler) -> Any:
         """OCaml ``Effect.Shallow.continue_with k value handler``."""
         self._check(shallow=True)
         self._install(handler)
         return _resume_from(sys._getframe(1), self, (False, value))
 
-    def discontinue_with(self, exc, handler: Handler):
+    def discontinue_with(self, exc: Union[BaseException, type], handler: Handler) -> Any:
         """OCaml ``Effect.Shallow.discontinue_with k exc handler``."""
         self._check(shallow=True)
         self._install(handler)
@@ -482,7 +532,7 @@ _resume_py = Continuation.resume
 _del_py = Continuation.__del__
 
 
-def fiber(fn) -> Continuation:
+def fiber(fn: Callable[[Any], Any]) -> "Continuation[Any, Any]":
     """A shallow continuation that, resumed with ``v``, runs ``fn(v)`` (OCaml ``Effect.Shallow.fiber``)."""
     if not callable(fn):
         raise TypeError("fiber() needs a callable")
@@ -667,7 +717,18 @@ def _drive(chain, send):
         if kind is PERFORMED:
             effect, args, k = payload
             del payload
-            result = handler.on[effect](k, *args)
+            try:
+                result = handler.on[effect](k, *args)
+            except BaseException as exc:
+                if k.top is not None:       # raised without using k: abort it?
+                    box = [k]
+                    del k
+                    _abort_unless_kept(box, handler, exc)
+                raise
+            if k.top is not None:           # returned without using k: abort it?
+                box = [k]
+                del k
+                _abort_unless_kept(box, handler, None)
         elif kind is RETURNED:
             result = payload if handler.ret is None else handler.ret(payload)
         elif kind is RAISED:
@@ -678,6 +739,69 @@ def _drive(chain, send):
             chain, send = result.chain, result.send
             continue
         return result
+
+
+def _abort_unless_kept(box, handler, exc):
+    """Eager abort: called by the driver loop (this module's and speedups.c's)
+    when ``handler``'s clause returned, or raised ``exc``, without resuming or
+    discontinuing its continuation ``k``, the only item of ``box`` (the
+    driver's own reference is already gone).
+
+    A ``k`` that is still referenced from anywhere else (a scheduler's queue, a
+    closure, a variable of the caller) is kept: nothing happens.  Otherwise
+    the body is aborted now, before the handler's result or exception reaches
+    the caller: :class:`~kina_fx.fibers.Unwind` is raised at the perform, with
+    the chain resumed under this very driver, so its ``finally`` blocks and
+    ``with`` exits run and the effects they perform reach the same handlers as
+    the rest of the body.  If that cleanup raises, its exception replaces the
+    clause's result or exception (which becomes its ``__context__``), as a
+    ``finally`` block's exception does in Python.  What the aborted body
+    returns, if it catches the Unwind, is discarded.
+    """
+    k = box.pop()
+    # References: ``k`` here and getrefcount's argument; when the clause raised,
+    # the frames of the traceback (the clause's own arguments) do not count.
+    if sys.getrefcount(k) - _referenced_by_traceback(k, exc) > 2:
+        return
+    signal = fibers.Unwind("the handler returned without resuming: the body is aborted")
+    try:
+        if k.shallow:
+            k.discontinue_with(signal, handler)
+        else:
+            k.discontinue(signal)
+    except fibers.Unwind as unwound:
+        if unwound is not signal:
+            raise
+    except BaseException as cleanup_error:
+        if exc is not None and cleanup_error is not exc:
+            cleanup_error.__context__ = exc
+        raise
+
+
+def _referenced_by_traceback(k, exc):
+    # How many references to k come from the frames of exc's traceback, either
+    # directly (a clause's argument) or through a bound method of k
+    # (``k.resume`` handed to a helper) that nothing but those frames holds.
+    if exc is None:
+        return 0
+    count = 0
+    methods = {}
+    tb = exc.__traceback__
+    while tb is not None:
+        for ref in gc.get_referents(tb.tb_frame):
+            if ref is k:
+                count += 1
+            elif type(ref) in _BOUND_METHODS and ref.__self__ is k:
+                methods.setdefault(id(ref), [ref, 0])[1] += 1
+        tb = tb.tb_next
+    ref = None                              # the loop's last referent: not a reference to count
+    for entry in methods.values():
+        if sys.getrefcount(entry[0]) - 2 == entry[1]:     # - the entry, - the argument
+            count += 1
+    return count
+
+
+_BOUND_METHODS = (types.MethodType, types.BuiltinMethodType)
 
 
 _DRIVE_CODE = _drive.__code__
@@ -806,6 +930,7 @@ if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
                                  tailcalls.tail_calls_by_code, tailcalls.tail_calls,
                                  tailcalls.names_function)
             _speedups._bind_forward(FORWARD)
+            _speedups._bind_abort(_abort_unless_kept)
             _resume_c, _del_c = _speedups._bind_round_trip(
                 Chain, Continuation, GreenletExit, fibers.Unwind, fibers._begin_unwind_here,
                 fibers.switch_into, _resume_py, PERFORMED, RETURNED, RAISED, fibers.unwind)

@@ -316,7 +316,7 @@ def _same_args(a, b):
         if kind is not type(y):
             return False
         if kind in _PLAIN:
-            if x != y:
+            if x != y and not (x != x and y != y):     # NaN is the same NaN again
                 return False
         elif _fingerprint(x) != _fingerprint(y):
             return False

@@ -2,7 +2,8 @@
  *
  * What it mirrors: handlers._suspend_perform with fibers.post / suspend /
  * _switch (rt_suspend), fibers.switch_into (rt_switch_into), the loop of
- * handlers._drive (rt_drive), Continuation.resume with handlers._resume_from
+ * handlers._drive (rt_drive, whose eager abort calls the Python
+ * handlers._abort_unless_kept), Continuation.resume with handlers._resume_from
  * (rt_resume) and Continuation.__del__ (rt_del).  The details are below.
  */
 #include "speedups.h"
@@ -366,6 +367,72 @@ static PyMethodDef resume_def = {
     "OCaml ``continue k value``: returns what the handler returns.  (Compiled\n"
     "Continuation.resume; kina_fx.handlers._resume_py is the reference.)"};
 
+/* The eager abort of handlers._drive: after a clause returned ``*result`` (or
+ * raised: *result NULL) without using its continuation ``*k`` (``k.top`` is
+ * not None), hand ``[k]`` (our reference, stolen: *k becomes NULL) to
+ * handlers._abort_unless_kept, which aborts k unless something else keeps it.
+ * Returns -1 when that raised (the cleanup's exception, now set, replaces the
+ * clause's result or exception), 0 otherwise (*result and any exception of the
+ * clause unchanged). */
+static PyObject *g_abort_unless_kept;  /* handlers._abort_unless_kept (_bind_abort) */
+
+static int
+abort_unless_kept(PyObject **k, PyObject *handler, PyObject **result)
+{
+    if (g_abort_unless_kept == NULL)
+        return 0;
+    PyObject *exc = *result == NULL ? exc_save() : NULL;
+    PyObject *top = Py_TYPE(*k) == g_cont_t ? Py_XNewRef(SLOT(*k, off_top))
+                                            : PyObject_GetAttrString(*k, "top");
+    if (top == NULL) {
+        Py_XDECREF(exc);
+        Py_CLEAR(*result);
+        return -1;
+    }
+    int unused = top != Py_None;
+    Py_DECREF(top);
+    if (!unused) {
+        if (exc != NULL)
+            exc_restore(exc);
+        return 0;
+    }
+    PyObject *box = PyList_New(1);
+    if (box == NULL) {
+        Py_XDECREF(exc);
+        Py_CLEAR(*result);
+        return -1;
+    }
+    PyList_SET_ITEM(box, 0, *k);
+    *k = NULL;
+    PyObject *r = PyObject_CallFunctionObjArgs(g_abort_unless_kept, box, handler,
+                                               exc != NULL ? exc : Py_None, NULL);
+    Py_DECREF(box);
+    if (r == NULL) {
+        Py_XDECREF(exc);
+        Py_CLEAR(*result);
+        return -1;
+    }
+    Py_DECREF(r);
+    if (exc != NULL)
+        exc_restore(exc);
+    return 0;
+}
+
+PyDoc_STRVAR(bind_abort_doc,
+"_bind_abort($module, abort_unless_kept, /)\n--\n\n"
+"Called by kina_fx.handlers: the driver loop's eager abort (handlers._abort_unless_kept).");
+
+static PyObject *
+bind_abort(PyObject *Py_UNUSED(module), PyObject *fn)
+{
+    if (!PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "_bind_abort needs a callable");
+        return NULL;
+    }
+    Py_XSETREF(g_abort_unless_kept, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
 /* handlers._drive's loop (the Python function of that name is the reference).
  * handlers binds it behind a one-line Python ``_drive`` frame, so that the
  * clauses called from here still have a driver frame to return to (the tail
@@ -406,7 +473,6 @@ rt_drive(PyObject *chain, PyObject *send)
             PyObject *k = Py_NewRef(PyTuple_GET_ITEM(payload, 2));
             Py_DECREF(payload);
             PyObject *on = get_handler_attr(handler, g_handler_on, off_on, s_on);
-            Py_DECREF(handler);
             PyObject *clause = on == NULL ? NULL : PyObject_GetItem(on, effect);
             Py_XDECREF(on);
             Py_DECREF(effect);
@@ -428,8 +494,11 @@ rt_drive(PyObject *chain, PyObject *send)
                 }
                 Py_DECREF(clause);
             }
+            if (abort_unless_kept(&k, handler, &result) < 0)
+                result = NULL;
+            Py_DECREF(handler);
             Py_DECREF(args);
-            Py_DECREF(k);
+            Py_XDECREF(k);
         }
         else if (kind == g_returned) {
             Py_DECREF(msg);
@@ -596,6 +665,7 @@ bind_round_trip(PyObject *Py_UNUSED(module), PyObject *args)
 
 PyMethodDef kfx_round_trip_methods[] = {
     {"_bind_round_trip", bind_round_trip, METH_VARARGS, bind_round_trip_doc},
+    {"_bind_abort", bind_abort, METH_O, bind_abort_doc},
     {"switch_into", (PyCFunction)(void (*)(void))switch_into, METH_FASTCALL, switch_into_doc},
     {"drive", (PyCFunction)(void (*)(void))drive, METH_FASTCALL, drive_doc},
     {NULL, NULL, 0, NULL},
