@@ -204,18 +204,24 @@ NAMES = sorted(OPS)
 
 
 def test_every_breadth_op_has_a_sample_and_reference():
-    expected = {  # the list, less what lives elsewhere (clip, stack, ... in primitives)
+    # the list, less what lives elsewhere (clip, stack, ... in primitives.py;
+    # ravel, squeeze, dot in functions.py)
+    expected = {
         "abs", "sqrt", "square", "sign", "sin", "cos", "tan", "sinh", "cosh", "arcsin",
         "arccos", "arctan", "arcsinh", "arccosh", "arctanh", "log1p", "expm1", "log2", "log10",
         "exp2", "floor", "ceil", "maximum", "minimum", "mod", "logaddexp", "arctan2", "hypot",
         "min", "prod", "var", "std", "logsumexp", "cumsum", "tensordot", "einsum", "outer",
-        "inner"}
+        "inner",
+        "hstack", "vstack", "split", "ravel", "squeeze", "expand_dims", "swapaxes", "moveaxis",
+        "flip", "roll", "tile", "pad", "sort", "tril", "triu", "diag", "diagonal", "trace",
+        "inv", "solve", "det", "slogdet", "cholesky", "eigh", "svd", "norm"} - {"ravel", "squeeze"}
     assert expected <= set(OPS), sorted(expected - set(OPS))
     for name, (fn, sample, reference) in OPS.items():
         assert callable(sample), name
         assert reference is not None, name
         assert fn.__doc__, name
-        assert hasattr(ad, name) and name in ad.__all__, name
+        if not name.endswith("_packed"):    # eigh_packed, svd_packed: behind eigh, svd
+            assert hasattr(ad, name) and name in ad.__all__, name
 
 
 # --- values and first order -------------------------------------------------------------------
@@ -389,7 +395,9 @@ DISPATCHED = [(name, f) for name in NAMES for f in _numpy_functions(OPS[name][0]
 
 def test_every_breadth_op_with_a_numpy_twin_is_dispatched():
     without = {name for name in NAMES if not _numpy_functions(OPS[name][0])}
-    assert without == {"logsumexp"}, without       # scipy.special's: not dispatched by NumPy
+    # logsumexp is scipy.special's (not dispatched by NumPy); the others are the
+    # primitives behind norm, slogdet, eigh and svd
+    assert without == {"logsumexp", "l2_norm", "logabsdet", "eigh_packed", "svd_packed"}
 
 
 @pytest.mark.parametrize("name,numpy_fn", DISPATCHED,
@@ -633,3 +641,91 @@ def test_ops_run_through_the_array_module_of_their_inputs(name, data, seed):
     for ct, host in zip(cts, host_vjp(u)):
         assert isinstance(ct, _DeviceArray), (name, type(ct))
         np.testing.assert_allclose(np.asarray(ct), host, rtol=1e-12, atol=1e-12)
+
+
+# --- linear algebra: where derivatives do not exist ---------------------------------------
+
+
+def test_cholesky_and_eigh_read_the_lower_triangle_and_say_so_in_the_gradient():
+    a = np.array([[4.0, 100.0], [1.0, 3.0]])       # the 100 is never read
+    sym = np.array([[4.0, 1.0], [1.0, 3.0]])
+    np.testing.assert_allclose(ad.cholesky(a), np.linalg.cholesky(sym))
+    for f in (lambda m: ad.sum(ad.cholesky(m)), lambda m: ad.sum(ad.eigh(m)[1] ** 3),
+              lambda m: ad.eigvalsh(m)[1]):
+        g = ad.grad(f)(a)
+        assert g[0, 1] == 0.0                           # no dependence on the upper triangle
+    # eigh(UPLO='U') reads the upper triangle instead
+    w, _ = ad.eigh(a.T, UPLO="U")
+    np.testing.assert_allclose(w, np.linalg.eigvalsh(sym))
+    # the gradient of the trace (sum of eigenvalues) is the identity, at any spectrum
+    np.testing.assert_allclose(ad.grad(lambda m: ad.sum(ad.eigvalsh(m)))(np.eye(3)), np.eye(3))
+
+
+def test_repeated_eigenvalues_refuse_what_is_not_defined():
+    a = np.diag([1.0, 1.0, 2.0])
+    # a symmetric function of the repeated eigenvalues is differentiable
+    np.testing.assert_allclose(ad.grad(lambda m: ad.sum(ad.eigvalsh(m)[:2]))(a),
+                               np.diag([1.0, 1.0, 0.0]))
+    with pytest.raises(ValidationError, match="repeated eigenvalues"):
+        ad.grad(lambda m: ad.eigvalsh(m)[0])(a)         # a kink: min of the two
+    with pytest.raises(ValidationError, match="repeated eigenvalues"):
+        ad.grad(lambda m: ad.sum(ad.eigh(m)[1][:, 0]))(a)
+    with pytest.raises(ValidationError, match="repeated eigenvalues"):
+        ad.jvp(ad.eigvalsh, (a,), (np.ones((3, 3)),))
+    # the eigenvector of the simple eigenvalue is fine
+    g = ad.grad(lambda m: ad.sum(ad.eigh(m)[1][:, 2] ** 2))(a)
+    assert np.all(np.isfinite(g))
+
+
+def test_svd_refusals_and_repeated_singular_values():
+    a = np.arange(6.0).reshape(2, 3) + 1.0
+    with pytest.raises(UnimplementedError, match="full_matrices=False"):
+        ad.svd(a)
+    with pytest.raises(UnimplementedError, match="hermitian"):
+        ad.svd(a, full_matrices=False, hermitian=True)
+    u, s, vh = ad.svd(a, full_matrices=False)
+    np.testing.assert_allclose((u * s) @ vh, a)
+    np.testing.assert_allclose(ad.svd(np.eye(2)).S, [1.0, 1.0])   # square: full is reduced
+    # the nuclear norm is a symmetric function of repeated singular values
+    np.testing.assert_allclose(ad.grad(lambda m: ad.sum(ad.svdvals(m)))(np.eye(2)), np.eye(2))
+    with pytest.raises(ValidationError, match="repeated singular values"):
+        ad.grad(lambda m: ad.svd(m, full_matrices=False)[0][0, 0])(np.eye(2))
+    # a zero singular value of a non-square matrix: U's extra direction is undefined
+    rank_one = np.outer([1.0, 2.0, 0.0], [1.0, 1.0])
+    with pytest.raises(ValidationError, match="zero singular value"):
+        ad.grad(lambda m: ad.sum(ad.svd(m, full_matrices=False)[0][:, 1]))(rank_one)
+    np.testing.assert_allclose(ad.grad(lambda m: ad.svdvals(m)[0])(rank_one),
+                               np.outer([1.0, 2.0, 0.0], [1.0, 1.0]) / np.sqrt(10.0))
+
+
+def test_singular_matrices_raise_rather_than_return_a_wrong_gradient():
+    with pytest.raises(np.linalg.LinAlgError):
+        ad.grad(ad.det)(np.array([[1.0, 2.0], [2.0, 4.0]]))
+    with pytest.raises(np.linalg.LinAlgError):
+        ad.cholesky(np.array([[1.0, 2.0], [2.0, 1.0]]))
+    with pytest.raises(ValidationError, match="square"):
+        ad.inv(np.ones((2, 3)))
+    with pytest.raises(ValidationError, match="solve"):
+        ad.solve(np.eye(2), np.ones(3))
+    sign, logabsdet = ad.slogdet(-2.0 * np.eye(3))
+    assert float(sign) == -1.0 and float(logabsdet) == pytest.approx(3 * np.log(2.0))
+    np.testing.assert_allclose(ad.grad(lambda m: ad.slogdet(m)[1])(-2.0 * np.eye(3)),
+                               -0.5 * np.eye(3))
+
+
+def test_norm_forms_and_its_gradient_at_zero():
+    x = np.array([[3.0, -4.0], [0.0, 12.0]])
+    for kwargs in [{}, {"ord": 1, "axis": 0}, {"ord": np.inf, "axis": 1}, {"axis": 1},
+                   {"ord": "nuc"}, {"ord": 2}, {"ord": -1}, {"ord": 0, "axis": 0},
+                   {"axis": (1, 0), "keepdims": True}, {"ord": 3, "axis": -1}]:
+        np.testing.assert_allclose(ad.norm(x, **kwargs), np.linalg.norm(x, **kwargs),
+                                   err_msg=str(kwargs))
+    np.testing.assert_array_equal(ad.grad(ad.norm)(np.zeros(3)), np.zeros(3))
+    np.testing.assert_array_equal(ad.jvp(ad.norm, (np.zeros(3),), (np.ones(3),))[1], 0.0)
+    np.testing.assert_allclose(ad.grad(ad.norm)(np.array([3.0, 4.0])), [0.6, 0.8])
+    np.testing.assert_array_equal(ad.grad(lambda v: ad.norm(v, ord=0))(x[0]), [0.0, 0.0])
+    with pytest.raises(ValidationError, match="for matrices"):
+        ad.norm(x[0], ord="fro")
+    with pytest.raises(ValidationError, match="1-D or 2-D"):
+        ad.norm(np.ones((2, 2, 2)), ord=1)
+    np.testing.assert_allclose(ad.grad(lambda m: np.linalg.norm(m))(x), x / 13.0)
