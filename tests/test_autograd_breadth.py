@@ -1,9 +1,14 @@
 """The breadth ops (kina_fx/autograd/ops_math.py, ops_shape.py, ops_linalg.py).
 
-Every op of those modules -- each primitive of the op table and each
-composite registered with a sample domain -- is drawn from its own ``sample``
-domain (shapes, axes, keepdims, broadcasting and empty arrays by hypothesis,
-values from a seeded generator) and checked in float64:
+Their primitives are rows of the op table, so the generic tests over the
+registry (test_autograd_numeric.py: finite differences to second order,
+float32, the CuPy code path; test_autograd_oracle.py: HIPS autograd) cover
+them through their ``sample`` and ``reference``.  This file gives the same
+checks to the composites of those modules (functions of primitives
+registered with a sample domain, ``COMPOSITES``: hstack, split, diagonal,
+eigh, svd, norm, ...), each drawn from its ``sample`` domain (shapes, axes,
+keepdims, broadcasting and empty arrays by hypothesis, values from a seeded
+generator) and checked in float64:
 
 * its value against ``reference`` run on NumPy;
 * reverse and forward mode against central differences (``<u, J v>`` and
@@ -17,13 +22,12 @@ values from a seeded generator) and checked in float64:
 Then the decisions the generic checks cannot see: derivatives at kinks and
 ties, zeros in ``prod``, degenerate spectra, clear errors for what is refused.
 """
-import contextlib
-
 import numpy as np
 import pytest
+from autograd_helpers import (Draw, FakeDeviceArray, args_on_device, fake_cupy,  # noqa: F401
+                              on_device)
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 from kina_fx import autograd as ad
 from kina_fx.autograd import ops_linalg, ops_math, ops_shape
@@ -58,63 +62,9 @@ OPS = {name: (p.public, p.sample, p.reference) for name, p in ad.PRIMITIVES.item
        if p.module in _MODULES}
 OPS.update({name: (fn, fn.sample, fn.reference) for name, fn in COMPOSITES.items()
             if fn.__module__ in _MODULES})
-
-
-# --- the draw interface of kina_fx.autograd.samples, backed by hypothesis ------------------
-
-
-class Draw:
-    def __init__(self, data, rng):
-        self._data = data
-        self._rng = rng
-
-    def shape(self, min_dims=0, max_dims=3, min_side=1, max_side=3):
-        return self._data.draw(hnp.array_shapes(min_dims=min_dims, max_dims=max_dims,
-                                                min_side=min_side, max_side=max_side))
-
-    def broadcastable(self, n, min_dims=0, max_dims=3, min_side=1, max_side=3):
-        return self._data.draw(hnp.mutually_broadcastable_shapes(
-            num_shapes=n, min_dims=min_dims, max_dims=max_dims, min_side=min_side,
-            max_side=max_side)).input_shapes
-
-    def integers(self, lo, hi):
-        return self._data.draw(st.integers(lo, hi))
-
-    def choice(self, options):
-        return self._data.draw(st.sampled_from(list(options)))
-
-    def boolean(self):
-        return self._data.draw(st.booleans())
-
-    def axis(self, ndim, multiple=True, none=True):
-        options = [st.none()] if none else []
-        if ndim:
-            options.append(st.integers(-ndim, ndim - 1))
-            if multiple:
-                options.append(st.lists(st.integers(0, ndim - 1), min_size=1, max_size=ndim,
-                                        unique=True).map(
-                    lambda axes: tuple(a - ndim if i % 2 else a for i, a in enumerate(axes))))
-        return self._data.draw(st.one_of(options)) if options else None
-
-    def array(self, shape, domain="real"):
-        x = self._rng.standard_normal(shape)
-        if domain == "positive":
-            x = np.abs(x) + 0.5
-        elif domain == "away_from_zero":
-            x = np.where(x >= 0, x + 0.2, x - 0.2)
-        elif domain == "unit":
-            x = self._rng.uniform(-0.9, 0.9, shape)
-        elif domain == "above_one":
-            x = 1.2 + np.abs(x)
-        else:
-            assert domain == "real", domain
-        return np.asarray(x, dtype=np.float64)
-
-    def integer_array(self, shape, lo, hi):
-        return self._rng.integers(lo, hi + 1, size=shape)
-
-    def bool_array(self, shape):
-        return self._rng.random(shape) > 0.5
+#: the composites: the generic checks of this file (the primitives' are in
+#: test_autograd_numeric.py and test_autograd_oracle.py)
+NAMES = sorted(name for name in OPS if name not in ad.PRIMITIVES)
 
 
 # --- one drawn call of an op, as a function of its float64 array arguments -----------------
@@ -200,7 +150,6 @@ def _randn_like(rng, values):
     return [rng.standard_normal(np.shape(v)) for v in values]
 
 
-NAMES = sorted(OPS)
 
 
 def test_every_breadth_op_has_a_sample_and_reference():
@@ -390,11 +339,11 @@ def _numpy_functions(fn):
     return [f for f, rule in ad.NUMPY_RULES.items() if rule is fn]
 
 
-DISPATCHED = [(name, f) for name in NAMES for f in _numpy_functions(OPS[name][0])]
+DISPATCHED = [(name, f) for name in sorted(OPS) for f in _numpy_functions(OPS[name][0])]
 
 
 def test_every_breadth_op_with_a_numpy_twin_is_dispatched():
-    without = {name for name in NAMES if not _numpy_functions(OPS[name][0])}
+    without = {name for name in OPS if not _numpy_functions(OPS[name][0])}
     # logsumexp is scipy.special's (not dispatched by NumPy); the others are the
     # primitives behind norm, slogdet, eigh and svd
     assert without == {"logsumexp", "l2_norm", "logabsdet", "eigh_packed", "svd_packed"}
@@ -572,74 +521,20 @@ def test_sort_sends_each_gradient_back_to_its_element():
 # --- the CuPy code path, through a NumPy-backed stand-in for CuPy ---------------------------
 
 
-class _DeviceArray(np.ndarray):
-    """Stands for cupy.ndarray: a NumPy array of another class."""
-
-    def get(self):
-        return np.asarray(self).view(np.ndarray)
-
-
-def _to_device(v):
-    if isinstance(v, np.ndarray) and v.dtype.kind in "fiub":
-        return v.view(_DeviceArray)
-    if isinstance(v, list):
-        return [_to_device(x) for x in v]
-    return v
-
-
-class _StandInCupy:
-    ndarray = _DeviceArray
-
-    def __init__(self, name="cupy"):
-        self._name = name
-
-    def __getattr__(self, name):
-        fn = getattr(np if self._name == "cupy" else np.linalg, name)
-        if not callable(fn):
-            return fn
-
-        def on_device(*args, **kwargs):
-            r = fn(*args, **kwargs)
-            if isinstance(r, tuple):
-                return type(r)(*[_to_device(np.asarray(v)) for v in r]) \
-                    if hasattr(r, "_fields") else tuple(_to_device(np.asarray(v)) for v in r)
-            return _to_device(np.asarray(r)) if isinstance(r, (np.ndarray, np.generic)) else r
-        return on_device
-
-    @property
-    def linalg(self):
-        return _StandInCupy("linalg")
-
-
-@contextlib.contextmanager
-def stand_in_cupy():
-    import sys
-    import types
-
-    from kina_fx import gpu_ops
-    cupyx = types.ModuleType("cupyx")
-    cupyx.scatter_add = lambda z, index, g: np.add.at(z, index, g)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(gpu_ops, "_cupy", _StandInCupy())
-        mp.setitem(sys.modules, "cupyx", cupyx)
-        yield
-
-
 @pytest.mark.parametrize("name", NAMES)
-@settings(max_examples=2, **SETTINGS)
+@settings(max_examples=3, **dict(SETTINGS, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.function_scoped_fixture]))    # the stand-in is stateless
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
-def test_ops_run_through_the_array_module_of_their_inputs(name, data, seed):
+def test_composites_run_on_the_cupy_code_path(name, data, seed, fake_cupy):
     call, rng = draw_call(name, data, seed)
     host_outs, host_vjp = ad.vjp(call, *call.leaves)
     u = _randn_like(rng, host_outs)
-    with stand_in_cupy():
-        device = Call(call.fn, [_to_device(a) for a in call.args], call.kwargs)
-        outs, vjp_fn = ad.vjp(device, *[_to_device(x) for x in call.leaves])
-        cts = vjp_fn([_to_device(x) for x in u])
+    device = Call(call.fn, args_on_device(call.args), call.kwargs)
+    outs, vjp_fn = ad.vjp(device, *[on_device(x) for x in call.leaves])
     for out, host in zip(outs, host_outs):
         np.testing.assert_allclose(np.asarray(out), host, rtol=1e-12, atol=1e-12)
-    for ct, host in zip(cts, host_vjp(u)):
-        assert isinstance(ct, _DeviceArray), (name, type(ct))
+    for ct, host in zip(vjp_fn([on_device(x) for x in u]), host_vjp(u)):
+        assert isinstance(ct, FakeDeviceArray), (name, type(ct))
         np.testing.assert_allclose(np.asarray(ct), host, rtol=1e-12, atol=1e-12)
 
 

@@ -21,21 +21,28 @@ The whole design in a few lines (``docs/autograd.md`` has the long version):
 """
 from __future__ import annotations
 
-from .tensor import Tensor, is_traced
-from .primitives import (NUMPY_RULES, PRIMITIVES, Primitive, add, broadcast_to, cast,  # noqa: I001
-                         clip, concatenate, cross_entropy, div, effect_of, exp, gather,
-                         getitem, index_add, log, log_softmax, matmul, max, mean, mul, neg,
-                         numpy_rule, op, pow, relu, repeat_interleave, reshape, sigmoid,
-                         softmax, stack, stop_gradient, sub, sum, tanh, transpose, where)
+from typing import TYPE_CHECKING
+
+from .tensor import Tensor, is_traced, kernels, recordable
+from .primitives import NUMPY_RULES, PRIMITIVES, Primitive, effect_of, numpy_rule, op
+if TYPE_CHECKING:     # type checkers do not apply class decorators: the ops' signatures
+    from ._op_signatures import *  # noqa: F401,F403
+else:
+    from .primitives import (add, broadcast_to, cast, clip, concatenate, cross_entropy, div,
+                             exp, gather, getitem, index_add, log, log_softmax, matmul, max,
+                             mean, mul, neg, pow, relu, repeat_interleave, reshape, sigmoid,
+                             softmax, stack, stop_gradient, sub, sum, tanh, transpose, where)
 from . import numpy_protocol  # noqa: F401  (installs Tensor.__array_ufunc__/__array_function__)
 from .functions import array, dot, flatten, ravel, squeeze
 from . import ops_linalg, ops_math, ops_shape
-from .ops_linalg import *  # noqa: F401,F403
-from .ops_math import *  # noqa: F401,F403
-from .ops_shape import *  # noqa: F401,F403
+if not TYPE_CHECKING:   # (their ops' signatures are in _op_signatures.pyi too)
+    from .ops_linalg import *  # noqa: F401,F403
+    from .ops_math import *  # noqa: F401,F403
+    from .ops_shape import *  # noqa: F401,F403
 from .tape import BACKWARD_OBSERVED, Tape, observe_backward
 from .custom import custom_jvp, custom_vjp, defjvp, defvjp, primitive
-from .transforms import grad, jvp, value_and_grad, vjp
+from .transforms import (elementwise_grad, grad, hessian, hvp, jacfwd, jacobian, jacrev, jvp,
+                         value_and_grad, vjp)
 
 __all__ = [
     "Tensor", "Tape", "grad", "value_and_grad", "vjp", "jvp",
@@ -45,6 +52,7 @@ __all__ = [
     "stop_gradient", "cast", "getitem", "index_add",
     "stack", "concatenate", "clip", "dot", "ravel", "flatten", "squeeze", "array",
     "PRIMITIVES", "NUMPY_RULES", "Primitive", "op", "numpy_rule", "effect_of",
-    "BACKWARD_OBSERVED", "observe_backward", "is_traced",
+    "BACKWARD_OBSERVED", "observe_backward", "is_traced", "kernels", "recordable",
     "custom_vjp", "custom_jvp", "primitive", "defvjp", "defjvp",
+    "jacobian", "jacfwd", "jacrev", "hessian", "hvp", "elementwise_grad",
 ] + ops_math.__all__ + ops_linalg.__all__ + ops_shape.__all__

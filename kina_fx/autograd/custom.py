@@ -139,8 +139,8 @@ def _call_default(fn, args):
     return fn.fun(*args)
 
 
-CUSTOM_VJP_CALL.default = _call_default
-CUSTOM_JVP_CALL.default = _call_default
+setattr(CUSTOM_VJP_CALL, "default", _call_default)
+setattr(CUSTOM_JVP_CALL, "default", _call_default)
 
 
 class _Custom:

@@ -8,6 +8,8 @@ traces see them (reverse over forward, forward over forward).
 """
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import KinaTypeError
 from ..handlers import Handler
 from ..handlers import perform
@@ -25,7 +27,7 @@ class JVPTrace:
     def __init__(self):
         self.tag = next(_tags)
         self._live = False
-        self._handler = None
+        self._handler: Any = None
 
     def __repr__(self):
         return f"<JVPTrace {self.tag}{' live' if self._live else ''}>"
@@ -38,14 +40,13 @@ class JVPTrace:
         self._live = True
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self._live = False
         handler, rec = self._handler
         self._handler = None
         handler.__exit__(*exc)
         rec.tape = None
         _give_back(_jvp_pool, handler, rec)
-        return False
 
     def dual(self, primal, tangent):
         """A box of this trace: ``primal`` (one level out) with ``tangent``."""

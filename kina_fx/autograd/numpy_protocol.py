@@ -36,7 +36,7 @@ NONDIFFERENTIABLE = _names(np, [
     "logical_xor", "logical_not",
     # shapes, dtypes and predicates
     "shape", "ndim", "size", "result_type", "min_scalar_type", "can_cast", "iscomplexobj",
-    "isrealobj", "iscomplex", "isreal", "isscalar", "isfortran", "may_share_memory",
+    "isrealobj", "iscomplex", "isreal", "may_share_memory",
     "shares_memory", "isclose", "allclose", "array_equal", "array_equiv", "isneginf",
     "isposinf", "any", "all",
     # integer results: positions and counts
@@ -106,5 +106,5 @@ def _array_function(self, func, types, args, kwargs):
     raise KinaTypeError(refusal_message(func.__name__))
 
 
-Tensor.__array_ufunc__ = _array_ufunc
-Tensor.__array_function__ = _array_function
+setattr(Tensor, "__array_ufunc__", _array_ufunc)
+setattr(Tensor, "__array_function__", _array_function)

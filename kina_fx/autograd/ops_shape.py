@@ -135,10 +135,17 @@ def _sample_hstack(draw):
     return [xs], {}
 
 
+def _no_dtype(name, dtype):
+    if dtype is not None:
+        raise KinaTypeError(f"{name}(..., dtype=...) is not supported on Tensors: cast the "
+                            "result (Tensor.astype)")
+
+
 @numpy_rule(np.hstack, sample=_sample_hstack, reference=lambda np, tup: np.hstack(tup))
-def hstack(tup):
+def hstack(tup, *, dtype=None, casting="same_kind"):
     """Arrays joined column-wise (along axis 1; axis 0 for 1-D arrays), as
-    NumPy: ``concatenate`` of ``atleast_1d``."""
+    NumPy: ``concatenate`` of ``atleast_1d`` (``dtype`` is refused)."""
+    _no_dtype("hstack", dtype)
     xs = [atleast_1d(x) for x in _sequence("hstack", tup)]
     return concatenate(xs, 0 if _ndim(xs[0]) == 1 else 1)
 
@@ -153,9 +160,10 @@ def _sample_vstack(draw):
 
 
 @numpy_rule(np.vstack, sample=_sample_vstack, reference=lambda np, tup: np.vstack(tup))
-def vstack(tup):
+def vstack(tup, *, dtype=None, casting="same_kind"):
     """Arrays joined row-wise (along axis 0, 1-D arrays as rows), as NumPy:
-    ``concatenate`` of ``atleast_2d``."""
+    ``concatenate`` of ``atleast_2d`` (``dtype`` is refused)."""
+    _no_dtype("vstack", dtype)
     return concatenate([atleast_2d(x) for x in _sequence("vstack", tup)], 0)
 
 
@@ -425,11 +433,14 @@ def _sample_tile(draw):
 
 def _tile_reference(np, x, reps):
     reps = (reps,) if isinstance(reps, int) else tuple(reps)
-    if 0 in reps and np is not _numpy:
-        raise NotImplementedError("HIPS autograd's tile rule divides by the repetitions")
     # the same function with reps as long as x.ndim: HIPS autograd's tile
-    # gradient is wrong when reps is shorter (tile((2, 3) array, 2))
-    return np.tile(x, (1,) * (np.ndim(x) - len(reps)) + reps)
+    # gradient is wrong when reps is shorter (tile((2, 3) array, 2)) ...
+    reps = (1,) * (np.ndim(x) - len(reps)) + reps
+    # ... and divides by a zero repetition: tile once and keep nothing of those axes
+    tiled = np.tile(x, tuple(r or 1 for r in reps))
+    offset = np.ndim(tiled) - len(reps)
+    return tiled[(slice(None),) * offset + tuple(slice(0, 0) if r == 0 else slice(None)
+                                                 for r in reps)]
 
 
 @op(numpy=np.tile, linear=True, sample=_sample_tile, reference=_tile_reference)
@@ -551,9 +562,15 @@ def _sample_sort(draw):
 def _sort_reference(np, x, axis=-1):
     if axis is None:
         return np.sort(np.ravel(x))
-    if np.ndim(x) > 1 and np is not _numpy:
-        raise NotImplementedError("HIPS autograd sorts 1-D arrays only")
-    return np.sort(x, axis)
+    if np.size(x) == 0:
+        return x                 # nothing to sort
+    if np.ndim(x) <= 1:
+        return np.sort(x, axis)
+    # one 1-D sort per row (HIPS autograd sorts 1-D arrays only)
+    moved = np.moveaxis(x, axis, -1)
+    rows = np.reshape(moved, (-1, np.shape(moved)[-1]))
+    stacked = np.stack([np.sort(rows[i]) for i in range(np.shape(rows)[0])])
+    return np.moveaxis(np.reshape(stacked, np.shape(moved)), -1, axis)
 
 
 @op(numpy=np.sort, sample=_sample_sort, reference=_sort_reference)

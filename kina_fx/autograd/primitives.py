@@ -27,6 +27,7 @@ for writing a block; ``python -m kina_fx.autograd.optable`` prints the table.
 from __future__ import annotations
 
 import inspect
+from typing import Any, Callable
 import math
 import operator as _operator
 
@@ -100,7 +101,7 @@ class Primitive:
         return f"<Primitive {self.name}>"
 
 
-def effect_of(name) -> Effect:
+def effect_of(name: str) -> Effect:
     """The effect of the primitive called ``name`` (e.g. ``"matmul"``)."""
     return PRIMITIVES[name].effect
 
@@ -108,7 +109,7 @@ def effect_of(name) -> Effect:
 # --- kernels ------------------------------------------------------------------
 
 
-def xp_kernel(name):
+def xp_kernel(name: str) -> Callable:
     """A kernel that is the array module's function ``name`` (``np.tanh`` on
     NumPy arrays, ``cupy.tanh`` on CuPy arrays).  It also unwraps Tensors, so
     it serves as its effect's default without a wrapper frame."""
@@ -121,21 +122,52 @@ def xp_kernel(name):
             return np_fn(x)
         return getattr(array_module(x), name)(x)
     kernel.__name__ = kernel.__qualname__ = f"{name}_kernel"
-    kernel.unwraps = True
+    return _unwrapping(kernel)
+
+
+def _unwrapping(kernel):
+    """Mark a kernel that unwraps Tensors itself: it is its effect's default
+    without a wrapper frame (the hottest kernels)."""
+    setattr(kernel, "unwraps", True)
     return kernel
 
 
-def _operator_kernel(fn):
-    """A binary kernel that is a Python operator (NumPy and CuPy implement it)."""
-    def kernel(a, b):
-        if a.__class__ is Tensor:
-            a = _raw(a)
-        if b.__class__ is Tensor:
-            b = _raw(b)
-        return fn(a, b)
-    kernel.__name__ = kernel.__qualname__ = f"{fn.__name__}_kernel"
-    kernel.unwraps = True
-    return kernel
+# The arithmetic kernels spell the operator out (one bytecode, no call); NumPy
+# and CuPy arrays implement them.
+@_unwrapping
+def _add_kernel(a, b):
+    if a.__class__ is Tensor:
+        a = _raw(a)
+    if b.__class__ is Tensor:
+        b = _raw(b)
+    return a + b
+
+
+@_unwrapping
+def _sub_kernel(a, b):
+    if a.__class__ is Tensor:
+        a = _raw(a)
+    if b.__class__ is Tensor:
+        b = _raw(b)
+    return a - b
+
+
+@_unwrapping
+def _mul_kernel(a, b):
+    if a.__class__ is Tensor:
+        a = _raw(a)
+    if b.__class__ is Tensor:
+        b = _raw(b)
+    return a * b
+
+
+@_unwrapping
+def _div_kernel(a, b):
+    if a.__class__ is Tensor:
+        a = _raw(a)
+    if b.__class__ is Tensor:
+        b = _raw(b)
+    return a / b
 
 
 def _default_for(kernel, nin, sequence):
@@ -143,25 +175,27 @@ def _default_for(kernel, nin, sequence):
     finished traces), run the kernel."""
     if getattr(kernel, "unwraps", False):
         return kernel
+
+    def default_sequence(xs, *params):
+        return kernel(tuple(_raw(x) for x in xs), *params)
+
+    def default_unary(x, *params):
+        if x.__class__ is Tensor:
+            x = _raw(x)
+        return kernel(x, *params)
+
+    def default_binary(a, b, *params):
+        if a.__class__ is Tensor:
+            a = _raw(a)
+        if b.__class__ is Tensor:
+            b = _raw(b)
+        return kernel(a, b, *params)
+
+    def default(*args):
+        return kernel(*[_raw(a) for a in args])
     if sequence:
-        def default(xs, *params):
-            return kernel(tuple(_raw(x) for x in xs), *params)
-    elif nin == 1:
-        def default(x, *params):
-            if x.__class__ is Tensor:
-                x = _raw(x)
-            return kernel(x, *params)
-    elif nin == 2:
-        def default(a, b, *params):
-            if a.__class__ is Tensor:
-                a = _raw(a)
-            if b.__class__ is Tensor:
-                b = _raw(b)
-            return kernel(a, b, *params)
-    else:
-        def default(*args):
-            return kernel(*[_raw(a) for a in args])
-    return default
+        return default_sequence
+    return default_unary if nin == 1 else default_binary if nin == 2 else default
 
 
 # --- public functions -----------------------------------------------------------
@@ -228,13 +262,15 @@ def _public_general(prim, prepare):
 
 def _operator_methods(eff):
     def forward(self, other):
-        if other.__class__ is list or other.__class__ is tuple:
+        c = other.__class__
+        if c is not float and (c is list or c is tuple):
             other = _as_array(other)
         r = perform(eff, self, other)
         return r if r.__class__ is Tensor else _plain(r)
 
     def reflected(self, other):
-        if other.__class__ is list or other.__class__ is tuple:
+        c = other.__class__
+        if c is not float and (c is list or c is tuple):
             other = _as_array(other)
         r = perform(eff, other, self)
         return r if r.__class__ is Tensor else _plain(r)
@@ -326,8 +362,10 @@ def _as_tuple(v):
     return tuple(v) if isinstance(v, (list, tuple)) else (v,)
 
 
-def op(name=None, *, numpy=(), operator=None, methods=(), elementwise=False, raw=None,
-       constant=(), sequence=False, linear=False, sample=None, reference=None):
+def op(name: str | None = None, *, numpy: Any = (), operator: str | None = None,
+       methods: Any = (), elementwise: bool = False, raw: Callable | None = None,
+       constant: Any = (), sequence: bool = False, linear: bool = False,
+       sample: Callable | None = None, reference: Callable | None = None) -> Callable:
     """Register the op defined by the decorated class body; returns its public function.
 
     The class body defines (see ``docs/autograd.md``, "How to add an op"):
@@ -432,7 +470,7 @@ def op(name=None, *, numpy=(), operator=None, methods=(), elementwise=False, raw
         p.sample, p.reference = sample, reference
         p.doc = inspect.cleandoc(spec.__doc__ or "")
         p.module = spec.__module__
-        p.effect.default = _default_for(kernel, nin, sequence)
+        setattr(p.effect, "default", _default_for(kernel, nin, sequence))
 
         if prepare is None and not sequence and nin == 1:
             public = _public_unary(p.effect)
@@ -467,7 +505,8 @@ def op(name=None, *, numpy=(), operator=None, methods=(), elementwise=False, raw
     return register
 
 
-def numpy_rule(*numpy_functions, sample=None, reference=None):
+def numpy_rule(*numpy_functions: Callable, sample: Callable | None = None,
+               reference: Callable | None = None) -> Callable[[Callable], Callable]:
     """Decorator: ``fn`` differentiates these NumPy functions/ufuncs on Tensors
     (``np.ravel(t)`` calls ``fn(t)``).  For functions written with other ops
     (composites); a primitive declares ``op(numpy=...)`` instead.  With
@@ -489,7 +528,7 @@ def numpy_rule(*numpy_functions, sample=None, reference=None):
 # --- shared helpers for rules ---------------------------------------------------------
 
 
-def unbroadcast(o, ct, shape):
+def unbroadcast(o: Any, ct: Any, shape: tuple) -> Any:
     """Sum ``ct`` down to ``shape`` (undo NumPy broadcasting)."""
     cshape = ct.shape
     if cshape == shape:
@@ -548,7 +587,7 @@ def _reference_onehot(labels, classes):
     sample=samples.elementwise("real", "real"), reference=lambda np, a, b: a + b)
 class add:
     """``a + b`` with NumPy broadcasting; cotangents are summed over broadcast axes."""
-    kernel = _operator_kernel(_operator.add)
+    kernel = _add_kernel
 
     def vjp_a(o, g, out, a, b):
         return g if g.shape == a.shape else unbroadcast(o, g, a.shape)
@@ -567,7 +606,7 @@ class add:
     sample=samples.elementwise("real", "real"), reference=lambda np, a, b: a - b)
 class sub:
     """``a - b`` with NumPy broadcasting."""
-    kernel = _operator_kernel(_operator.sub)
+    kernel = _sub_kernel
 
     def vjp_a(o, g, out, a, b):
         return g if g.shape == a.shape else unbroadcast(o, g, a.shape)
@@ -586,7 +625,7 @@ class sub:
     sample=samples.elementwise("real", "real"), reference=lambda np, a, b: a * b)
 class mul:
     """``a * b`` with NumPy broadcasting."""
-    kernel = _operator_kernel(_operator.mul)
+    kernel = _mul_kernel
 
     def vjp_a(o, g, out, a, b):
         ct = o.mul(g, b)
@@ -607,7 +646,7 @@ class mul:
     sample=samples.elementwise("real", "away_from_zero"), reference=lambda np, a, b: a / b)
 class div:
     """``a / b`` with NumPy broadcasting."""
-    kernel = _operator_kernel(_operator.truediv)
+    kernel = _div_kernel
 
     def vjp_a(o, g, out, a, b):
         return unbroadcast(o, o.div(g, b), a.shape)
@@ -661,7 +700,7 @@ class pow:
         if p.__class__ is Tensor:
             p = _raw(p)
         return x ** p
-    kernel.unwraps = True
+    _unwrapping(kernel)
 
     def vjp_x(o, g, out, x, p):
         return unbroadcast(o, o.mul(g, _pow_dx(o, x, p)), _shape(x))
@@ -684,7 +723,7 @@ class neg:
         if x.__class__ is Tensor:
             x = _raw(x)
         return -x
-    kernel.unwraps = True
+    _unwrapping(kernel)
 
     def vjp_x(o, g, out, x):
         return o.neg(g)
@@ -732,7 +771,7 @@ class tanh:
         return o.mul(t, o.sub(1.0, o.mul(out, out)))
 
 
-_expit_cache = {}
+_expit_cache: dict = {}
 
 
 def _expit(xp):
@@ -766,7 +805,7 @@ class sigmoid:
         if expit is not None:
             return expit(x)
         return 0.5 + 0.5 * xp.tanh(0.5 * x)     # no overflow for large |x|
-    kernel.unwraps = True
+    _unwrapping(kernel)
 
     def vjp_x(o, g, out, x):
         return o.mul(g, o.mul(out, o.sub(1.0, out)))
@@ -788,7 +827,7 @@ class relu:
         if x.__class__ is Tensor:
             x = _raw(x)
         return (np if x.__class__ is _ndarray else array_module(x)).maximum(x, 0)
-    kernel.unwraps = True
+    _unwrapping(kernel)
 
     def vjp_x(o, g, out, x):
         return o.mul(g, _positive_mask(x))
@@ -1007,7 +1046,7 @@ class reshape:
         """``t.reshape(2, 3)`` or ``t.reshape((2, 3))``."""
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = shape[0]
-        return reshape(self, shape)
+        return recordable.reshape(self, shape)
 
 
 def _sample_transpose(draw):
@@ -1025,7 +1064,9 @@ def _permutations(n):
 
 
 @op(numpy=np.transpose, linear=True, sample=_sample_transpose,
-    reference=lambda np, x, axes=None: np.transpose(x, axes))
+    # HIPS autograd inverts negative axes wrongly: give it non-negative ones
+    reference=lambda np, x, axes=None: np.transpose(
+        x, None if axes is None else tuple(a % np.ndim(x) for a in axes)))
 class transpose:
     """Permute axes (reverse them when ``axes`` is None)."""
     def kernel(x, axes):
@@ -1047,10 +1088,11 @@ class transpose:
         """``t.transpose()``, ``t.transpose(1, 0)`` or ``t.transpose((1, 0))``."""
         if len(axes) == 1 and not isinstance(axes[0], (int, np.integer)):
             axes = axes[0]
-        return transpose(self, axes or None)
+        return recordable.transpose(self, axes or None)
 
 
-Tensor.T = property(lambda self: transpose(self), doc="The transpose (axes reversed).")
+setattr(Tensor, "T", property(lambda self: recordable.transpose(self),
+                             doc="The transpose (axes reversed)."))
 
 
 def _sample_broadcast_to(draw):
@@ -1061,7 +1103,8 @@ def _sample_broadcast_to(draw):
 
 
 @op(numpy=np.broadcast_to, linear=True, sample=_sample_broadcast_to,
-    reference=lambda np, x, shape: np.broadcast_to(x, shape))
+    reference=lambda np, x, shape: np.broadcast_to(
+        np.reshape(x, (1,) * (len(shape) - np.ndim(x)) + np.shape(x)), shape))
 class broadcast_to:
     """``x`` broadcast to ``shape``; the gradient sums over the broadcast axes."""
     def kernel(x, shape):
@@ -1275,7 +1318,8 @@ def _sample_repeat_interleave(draw):
 
 
 @op(numpy=(), linear=True, sample=_sample_repeat_interleave,
-    reference=lambda np, x, repeats, axis=None: np.repeat(x, repeats, axis))
+    reference=lambda np, x, repeats, axis=None: np.repeat(
+        x, repeats, None if axis is None else axis % np.ndim(x)))
 class repeat_interleave:
     """Each element repeated ``repeats`` times along ``axis``, PyTorch's
     semantics: ``axis=None`` repeats the flattened array."""
@@ -1291,7 +1335,7 @@ class repeat_interleave:
         if repeats < 0:
             raise ValidationError(f"repeat_interleave: repeats must be >= 0, got {repeats}")
         if axis is None:
-            return reshape(x, (-1,)), repeats, 0
+            return recordable.reshape(x, (-1,)), repeats, 0
         return x, repeats, _operator.index(axis)
 
     def vjp_x(o, g, out, x, repeats, axis):
@@ -1307,7 +1351,8 @@ def _sample_where(draw):
 
 
 @op(numpy=np.where, constant=("cond",), elementwise=True, sample=_sample_where,
-    reference=lambda np, cond, a, b: np.where(cond, a, b))
+    # HIPS autograd's own where does not undo broadcasting: the mask form does
+    reference=lambda np, cond, a, b: a * cond + b * (1.0 - cond))
 class where:
     """``a`` where ``cond`` else ``b`` (broadcasting); ``cond`` gets no gradient."""
     def kernel(cond, a, b):
@@ -1396,7 +1441,7 @@ class concatenate:
         if not isinstance(xs, (list, tuple)) or not xs:
             raise ValidationError("concatenate needs a non-empty sequence of arrays")
         if axis is None:
-            return [reshape(x, (-1,)) for x in xs], 0
+            return [recordable.reshape(x, (-1,)) for x in xs], 0
         return xs, _operator.index(axis)
 
     def vjp_xs(o, g, out, i, xs, axis):
@@ -1421,9 +1466,9 @@ def _sample_clip(draw):
     lo = draw.choice([None, -0.5, "array"])
     hi = draw.choice([None, 0.7, "array"])
     if lo == "array":
-        lo = draw.array(slo) - 0.6
+        lo = np.asarray(draw.array(slo) - 0.6)
     if hi == "array":
-        hi = draw.array(shi) + 0.8
+        hi = np.asarray(draw.array(shi) + 0.8)
     return [x, lo, hi], {}
 
 

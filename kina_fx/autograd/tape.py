@@ -15,6 +15,7 @@ trace may be watching (grad of grad, jvp of grad), the raw kernels otherwise
 from __future__ import annotations
 
 import itertools
+from typing import Any, Callable
 
 import numpy as _np
 
@@ -35,7 +36,7 @@ _pymax = max
 #: tapes and jvp traces answer True (their values may flow through the pass:
 #: that is how grad of grad works), and so does :func:`observe_backward`.
 BACKWARD_OBSERVED = Effect("kina_fx.autograd.backward_observed")
-BACKWARD_OBSERVED.default = lambda: False
+setattr(BACKWARD_OBSERVED, "default", lambda: False)
 
 
 def _yes():
@@ -59,7 +60,7 @@ def ops_for_backward():
 
 # --- complex numbers are refused ---------------------------------------------------------
 
-def is_complex(v) -> bool:
+def is_complex(v: Any) -> bool:
     c = v.__class__
     if c is float or c is int:
         return False
@@ -94,11 +95,11 @@ class Tape:
     def __init__(self, name: str | None = None):
         self.tag = next(_tags)
         self.name = name or f"tape{self.tag}"
-        self._nodes = []         # (rule, out_id, in_ids, u, v, out, prim): see _backward
+        self._nodes: list = []   # (rule, out_id, in_ids, u, v, out, prim): see _backward
         self._n = 0              # ids handed out so far
-        self._leaves = {}        # id -> (name or None, value), for watched values
+        self._leaves: dict = {}  # id -> (name or None, value), for watched values
         self._live = False
-        self._handler = None
+        self._handler: Any = None
 
     def __repr__(self):
         return f"<Tape {self.name} nodes={len(self._nodes)}{' live' if self._live else ''}>"
@@ -118,14 +119,13 @@ class Tape:
         self._live = True
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self._live = False
         handler, rec = self._handler
         self._handler = None
         handler.__exit__(*exc)
         rec.tape = None
         _give_back(_tape_pool, handler, rec)
-        return False
 
     def watch(self, x, name: str | None = None) -> Tensor:
         """A box of this tape for ``x`` (array, scalar or Tensor): the values
@@ -158,7 +158,7 @@ class Tape:
         return _box(x, self, i)
 
     # -- the backward pass --
-    def gradient(self, target, sources, output_gradients=None):
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None) -> Any:
         """Gradients of ``target`` (a box or a list of boxes of this tape) with
         respect to ``sources`` (a box or a list of boxes).  ``output_gradients``
         are the cotangents of the targets (default: ones).  A source the
@@ -246,7 +246,7 @@ class Tape:
         return "\n".join(lines) + "\n"
 
 
-def as_input(x):
+def as_input(x: Any) -> Any:
     """A leaf passed to a transform (or watched), as the value its box will hold."""
     if x.__class__ is Tensor:
         x = _lift(x)
@@ -327,10 +327,11 @@ def extra_clauses():
     return _EXTRA
 
 
-_EXTRA = {}
+_EXTRA: dict = {}
 
 
-def register_clauses(effect, make_tape_clause, make_jvp_clause):
+def register_clauses(effect: Effect, make_tape_clause: Callable,
+                     make_jvp_clause: Callable) -> None:
     """Give every tape and jvp trace a clause for ``effect`` (not a primitive
     of the table: :mod:`kina_fx.autograd.custom` uses it for custom_vjp and
     custom_jvp calls).  ``make_*_clause(rec)`` builds the clause of one
@@ -348,7 +349,7 @@ def _new_tape_handler():
     return Handler(fun=fun), rec
 
 
-_factories = {}
+_factories: dict = {}
 
 
 def clause_factory(prim):
@@ -384,21 +385,23 @@ def _elementwise_factory(prim, rule):
         def clause(x):
             if x.__class__ is Tensor:
                 tape = rec.tape
-                tr = x._trace
-                if tr is not tape and (tr is None or not tr._live):
+                if x._trace is not tape:
+                    tr = x._trace
+                    if tr is not None and tr._live:
+                        return perform(eff, x)     # an enclosing trace's box
                     x = _lift(x)       # a plain Tensor or a finished trace's box
-                    tr = x._trace if x.__class__ is Tensor else None
-                if tr is tape:
-                    v = x._value
-                    out = perform(eff, v)
-                    i = tape._n
-                    tape._n = i + 1
-                    tape._nodes.append((rule, i, x._id, v, None, out, prim))
-                    b = _new(Tensor)
-                    b._value = out
-                    b._trace = tape
-                    b._id = i
-                    return b
+                    if x.__class__ is not Tensor or x._trace is not tape:
+                        return perform(eff, x)
+                v = x._value
+                out = perform(eff, v)
+                i = tape._n
+                tape._n = i + 1
+                tape._nodes.append((rule, i, x._id, v, None, out, prim))
+                b = _new(Tensor)
+                b._value = out
+                b._trace = tape
+                b._id = i
+                return b
             return perform(eff, x)
         return clause
     return make

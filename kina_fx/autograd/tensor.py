@@ -12,6 +12,8 @@ an op declares its operator or method where it is defined.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from .. import gpu_ops
@@ -40,9 +42,14 @@ class Tensor:
 
     __slots__ = ("_value", "_trace", "_id", "_tangent", "__weakref__")
     __array_priority__ = 1000
-    __hash__ = None                 # elementwise __eq__, like ndarray
+    __hash__ = None  # type: ignore[assignment]    # elementwise __eq__, like ndarray
 
-    def __new__(cls, data, dtype=None):
+    _value: Any          # an array, or a box of an enclosing trace
+    _trace: Any          # None (plain), a Tape or a JVPTrace
+    _id: int             # index on the trace (-1: none)
+    _tangent: Any        # jvp duals only
+
+    def __new__(cls, data: Any, dtype: Any = None) -> "Tensor":
         if data.__class__ is Tensor:
             if dtype is not None and np.dtype(dtype) != np.dtype(_raw(data).dtype):
                 return recordable.cast(data, dtype)
@@ -62,28 +69,28 @@ class Tensor:
 
     # -- array-like surface --
     @property
-    def shape(self):
+    def shape(self) -> tuple:
         return _raw(self).shape
 
     @property
-    def dtype(self):
+    def dtype(self) -> np.dtype:
         return _raw(self).dtype
 
     @property
-    def ndim(self):
+    def ndim(self) -> int:
         return _raw(self).ndim
 
     @property
-    def size(self):
+    def size(self) -> int:
         return _raw(self).size
 
     @property
-    def data(self):
+    def data(self) -> Any:
         """The backend array (NumPy or CuPy) under every level of tracing:
         a constant (no gradient flows through it)."""
         return _raw(self)
 
-    def numpy(self):
+    def numpy(self) -> np.ndarray:
         """The value as a NumPy array (copied from the device for CuPy)."""
         _refuse_if_traced(self, "Tensor.numpy()")
         return _to_numpy(_raw(self))
@@ -93,11 +100,11 @@ class Tensor:
         a = _to_numpy(_raw(self))
         return a if dtype is None else a.astype(dtype)
 
-    def tolist(self):
+    def tolist(self) -> Any:
         _refuse_if_traced(self, "Tensor.tolist()")
         return _to_numpy(_raw(self)).tolist()
 
-    def item(self):
+    def item(self) -> Any:
         _refuse_if_traced(self, "Tensor.item()")
         return _raw(self).item()
 
@@ -195,7 +202,7 @@ def _lift(v):
     return v
 
 
-def is_traced(v) -> bool:
+def is_traced(v: Any) -> bool:
     """Whether ``v`` is (or holds, one level in) a box of a running trace."""
     return v.__class__ is Tensor and _lift(v).__class__ is Tensor
 
@@ -250,6 +257,9 @@ class OpNamespace:
 
     def __repr__(self):
         return f"<ops {self._name}: {len(vars(self)) - 1} operations>"
+
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Any: ...
 
 
 recordable = OpNamespace("recordable")

@@ -1,6 +1,8 @@
 """The transforms: grad, value_and_grad, vjp, jvp, and those built on them."""
 from __future__ import annotations
 
+from typing import Any, Callable, Sequence, Union
+
 import numpy as np
 
 from ..errors import KinaTypeError, ValidationError
@@ -9,7 +11,11 @@ from .pytree import flatten, has_tensor
 from .tape import Tape, as_input, is_complex
 from .tensor import Tensor, _lift, _plain, _raw, _shape, array_module
 
-__all__ = ["grad", "value_and_grad", "vjp", "jvp"]
+__all__ = ["grad", "value_and_grad", "vjp", "jvp", "jacobian", "jacfwd", "jacrev", "hessian", "hvp",
+           "elementwise_grad"]
+
+#: An argument position, or a tuple of them (negative ones count from the end).
+Argnums = Union[int, Sequence[int]]
 
 
 def _like(value, like):
@@ -57,9 +63,10 @@ def _describe(v):
         else type(v).__name__
 
 
-def check_real_output(v, what):
+def check_real_output(v: Any, what: str) -> None:
     """``v`` must be a real floating array, Tensor or number; else KinaTypeError."""
     raw = _raw(v) if v.__class__ is Tensor else v
+    dtype: Any
     if isinstance(raw, (bool, np.bool_)):
         dtype = np.dtype(bool)
     elif isinstance(raw, float):
@@ -88,7 +95,7 @@ def _check_scalar_output(out):
             "sum it to a scalar, or use vjp/jacobian for array outputs")
 
 
-def value_and_grad(f, argnums=0, has_aux=False):
+def value_and_grad(f: Callable, argnums: Argnums = 0, has_aux: bool = False) -> Callable:
     """``f``'s value and its gradient with respect to argument(s) ``argnums``.
 
     ``f`` must return a real floating scalar: a 0-d array or Tensor or a
@@ -140,7 +147,7 @@ def value_and_grad(f, argnums=0, has_aux=False):
     return vg
 
 
-def grad(f, argnums=0, has_aux=False):
+def grad(f: Callable, argnums: Argnums = 0, has_aux: bool = False) -> Callable:
     """The gradient of scalar-valued ``f`` with respect to argument(s) ``argnums``
     (JAX conventions: an int gives one gradient, a tuple a tuple of them)."""
     vg = value_and_grad(f, argnums, has_aux)
@@ -154,7 +161,7 @@ def grad(f, argnums=0, has_aux=False):
     return g
 
 
-def vjp(f, *primals):
+def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable[[Any], tuple]]:
     """``(f(*primals), vjp_fn)``; ``vjp_fn(cotangent)`` (same structure as the
     output) returns a tuple with one cotangent per primal.  ``vjp_fn`` may be
     called any number of times.  Output leaves must be real floating."""
@@ -203,7 +210,7 @@ def vjp(f, *primals):
     return out, vjp_fn
 
 
-def jvp(f, primals, tangents):
+def jvp(f: Callable, primals: Sequence, tangents: Sequence) -> tuple[Any, Any]:
     """Forward mode: ``(f(*primals), J @ tangents)``; ``primals`` and ``tangents``
     are tuples (or lists) of the same structure."""
     if not isinstance(primals, (tuple, list)) or not isinstance(tangents, (tuple, list)):
@@ -248,3 +255,150 @@ def jvp(f, primals, tangents):
         outs.append(_output(p, wrap))
         tans.append(_output(t, wrap))
     return rebuild(outs), rebuild(tans)
+
+
+# --- built on vjp and jvp -------------------------------------------------------------
+
+
+def _selected(f, args, nums):
+    """``f`` as a function of the arguments at positions ``nums`` only."""
+    def g(*chosen):
+        full = list(args)
+        for n, v in zip(nums, chosen):
+            full[n] = v
+        return f(*full)
+    return g
+
+
+def _one_hot(like, index):
+    v = _raw(like) if like.__class__ is Tensor else like
+    v = v if hasattr(v, "shape") else np.asarray(v, dtype=np.float64)
+    z = array_module(v).zeros(v.shape, dtype=v.dtype if v.dtype.kind == "f" else np.float64)
+    if index is not None:
+        z[index] = 1
+    return z
+
+
+def _block(parts, out_shape, in_shape, axis):
+    """Jacobian entries ``parts`` (one per element of the axis being swept)
+    assembled differentiably into an array of shape ``out_shape + in_shape``."""
+    from .functions import array
+    from .primitives import reshape, stack
+    full = tuple(out_shape) + tuple(in_shape)
+    if not parts:
+        return np.zeros(full)
+    return reshape(stack([array(p) for p in parts], axis), full)
+
+
+def jacobian(f: Callable, argnums: Argnums = 0, mode: str = "reverse") -> Callable:
+    """The Jacobian of ``f`` with respect to argument(s) ``argnums``.
+
+    For an output leaf of shape ``S`` and an input leaf of shape ``T`` the block
+    has shape ``S + T`` (``J[s][t] = d out[s] / d in[t]``).  Outputs and inputs may
+    be pytrees: the result has the output's structure, with, at each output
+    leaf, the input's structure (a tuple of them for a tuple ``argnums``).
+    ``mode="reverse"`` runs one vjp per output element (JAX's ``jacrev``),
+    ``mode="forward"`` one jvp per input element (``jacfwd``); both compose
+    with every transform (``hessian`` is forward over reverse)."""
+    if mode not in ("reverse", "forward"):
+        raise ValidationError(f"jacobian: mode must be 'reverse' or 'forward', not {mode!r}")
+
+    def jac(*args):
+        single, nums = _argnums(argnums, len(args))
+        g = _selected(f, args, nums)
+        chosen = [args[n] for n in nums]
+        in_structs = [flatten(c) for c in chosen]
+        in_leaves = [leaf for leaves, _ in in_structs for leaf in leaves]
+        in_shapes = [tuple(_shape(_raw(as_input(leaf)))) for leaf in in_leaves]
+        if mode == "reverse":
+            out, vjp_fn = vjp(g, *chosen)
+            out_leaves, out_rebuild = flatten(out)
+            out_shapes = [tuple(_shape(_raw(o))) for o in out_leaves]
+            rows = [[[] for _ in in_leaves] for _ in out_leaves]
+            for k, shape in enumerate(out_shapes):
+                for index in np.ndindex(*shape):
+                    cts = [_one_hot(o, index if j == k else None)
+                           for j, o in enumerate(out_leaves)]
+                    grads = vjp_fn(out_rebuild(cts))
+                    flat = [leaf for gr in grads for leaf in flatten(gr)[0]]
+                    for m, gl in enumerate(flat):
+                        rows[k][m].append(gl)
+            blocks = [[_block(rows[k][m], out_shapes[k], in_shapes[m], 0)
+                       for m in range(len(in_leaves))] for k in range(len(out_leaves))]
+        else:
+            cols = None
+            out_rebuild = out_shapes = None
+            for m, leaf in enumerate(in_leaves):
+                for index in np.ndindex(*in_shapes[m]):
+                    tangents = [_one_hot(as_input(x), index if j == m else None)
+                                for j, x in enumerate(in_leaves)]
+                    k0 = 0
+                    tan_trees = []
+                    for leaves, rebuild in in_structs:
+                        tan_trees.append(rebuild(tangents[k0:k0 + len(leaves)]))
+                        k0 += len(leaves)
+                    _, t_out = jvp(g, tuple(chosen), tuple(tan_trees))
+                    t_leaves, out_rebuild = flatten(t_out)
+                    if cols is None:
+                        out_shapes = [tuple(_shape(_raw(t))) for t in t_leaves]
+                        cols = [[[] for _ in in_leaves] for _ in t_leaves]
+                    for k, t in enumerate(t_leaves):
+                        cols[k][m].append(t)
+            if cols is None:        # no input elements at all: one evaluation for shapes
+                out_leaves, out_rebuild = flatten(g(*chosen))
+                out_shapes = [tuple(_shape(_raw(o))) for o in out_leaves]
+                cols = [[[] for _ in in_leaves] for _ in out_leaves]
+            blocks = [[_block(cols[k][m], out_shapes[k], in_shapes[m], len(out_shapes[k]))
+                       for m in range(len(in_leaves))] for k in range(len(out_shapes))]
+        per_out = []
+        for k in range(len(blocks)):
+            trees, m0 = [], 0
+            for leaves, rebuild in in_structs:
+                trees.append(rebuild(blocks[k][m0:m0 + len(leaves)]))
+                m0 += len(leaves)
+            per_out.append(trees[0] if single else tuple(trees))
+        return out_rebuild(per_out)
+    jac.__name__ = f"jacobian({getattr(f, '__name__', 'f')})"
+    return jac
+
+
+def jacfwd(f: Callable, argnums: Argnums = 0) -> Callable:
+    """``jacobian(f, argnums, mode="forward")``."""
+    return jacobian(f, argnums, "forward")
+
+
+def jacrev(f: Callable, argnums: Argnums = 0) -> Callable:
+    """``jacobian(f, argnums, mode="reverse")``."""
+    return jacobian(f, argnums, "reverse")
+
+
+def hessian(f: Callable, argnums: Argnums = 0) -> Callable:
+    """The Hessian of scalar-valued ``f``: forward-mode Jacobian of its reverse-mode
+    gradient; shape ``in.shape + in.shape`` (blocks for a tuple ``argnums``)."""
+    return jacobian(jacobian(f, argnums, "reverse"), argnums, "forward")
+
+
+def hvp(f: Callable, primals: Sequence, tangents: Sequence) -> Any:
+    """The Hessian-vector product of scalar-valued ``f`` at ``primals`` along
+    ``tangents`` (tuples of the same structure), forward over reverse without
+    forming the Hessian: one value for one primal, else a tuple."""
+    if not isinstance(primals, (tuple, list)) or not isinstance(tangents, (tuple, list)):
+        raise ValidationError("hvp takes primals and tangents as tuples")
+    nums = 0 if len(primals) == 1 else tuple(range(len(primals)))
+    return jvp(grad(f, argnums=nums), tuple(primals), tuple(tangents))[1]
+
+
+def elementwise_grad(f: Callable, argnums: Argnums = 0) -> Callable:
+    """HIPS autograd's ``elementwise_grad``: the vjp of ``f`` with a cotangent of
+    ones, i.e. the gradient of ``sum(f(x))``: each element's derivative when
+    ``f`` acts elementwise (its Jacobian is diagonal)."""
+    def eg(*args):
+        single, nums = _argnums(argnums, len(args))
+        out, vjp_fn = vjp(_selected(f, args, nums), *[args[n] for n in nums])
+        leaves, rebuild = flatten(out)
+        grads = vjp_fn(rebuild([array_module(_raw(o)).ones(_shape(_raw(o)),
+                                                           dtype=_raw(o).dtype)
+                                for o in leaves]))
+        return grads[0] if single else grads
+    eg.__name__ = f"elementwise_grad({getattr(f, '__name__', 'f')})"
+    return eg
