@@ -177,7 +177,7 @@ def test_every_breadth_op_has_a_sample_and_reference():
 
 
 @pytest.mark.parametrize("name", NAMES)
-@settings(max_examples=12, **SETTINGS)
+@settings(max_examples=40, **SETTINGS)
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
 def test_values_match_numpy_and_derivatives_match_finite_differences(name, data, seed):
     call, rng = draw_call(name, data, seed)
@@ -223,7 +223,7 @@ def _probe(call, u, v):
 
 
 @pytest.mark.parametrize("name", NAMES)
-@settings(max_examples=4, **SETTINGS)
+@settings(max_examples=15, **SETTINGS)
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
 def test_second_order_matches_finite_differences(name, data, seed):
     call, rng = draw_call(name, data, seed)
@@ -267,7 +267,7 @@ def _hips_reference(call, reference, leaves):
 
 @needs_hips
 @pytest.mark.parametrize("name", NAMES)
-@settings(max_examples=6, **SETTINGS)
+@settings(max_examples=20, **SETTINGS)
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
 def test_values_and_gradients_agree_with_hips_autograd(name, data, seed):
     call, rng = draw_call(name, data, seed)
@@ -290,7 +290,7 @@ def test_values_and_gradients_agree_with_hips_autograd(name, data, seed):
 
 @needs_hips
 @pytest.mark.parametrize("name", NAMES)
-@settings(max_examples=3, **SETTINGS)
+@settings(max_examples=10, **SETTINGS)
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
 def test_second_derivatives_agree_with_hips_autograd(name, data, seed):
     call, rng = draw_call(name, data, seed)
@@ -316,7 +316,7 @@ def test_second_derivatives_agree_with_hips_autograd(name, data, seed):
 
 
 @pytest.mark.parametrize("name", NAMES)
-@settings(max_examples=3, **SETTINGS)
+@settings(max_examples=10, **SETTINGS)
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
 def test_float32_in_float32_out(name, data, seed):
     call, rng = draw_call(name, data, seed)
@@ -351,7 +351,7 @@ def test_every_breadth_op_with_a_numpy_twin_is_dispatched():
 
 @pytest.mark.parametrize("name,numpy_fn", DISPATCHED,
                          ids=[f"{n}-{getattr(f, '__name__', f)}" for n, f in DISPATCHED])
-@settings(max_examples=3, **SETTINGS)
+@settings(max_examples=6, **SETTINGS)
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
 def test_numpy_functions_on_tensors_give_the_ops_gradients(name, numpy_fn, data, seed):
     call, rng = draw_call(name, data, seed)
@@ -522,7 +522,7 @@ def test_sort_sends_each_gradient_back_to_its_element():
 
 
 @pytest.mark.parametrize("name", NAMES)
-@settings(max_examples=3, **dict(SETTINGS, suppress_health_check=[
+@settings(max_examples=10, **dict(SETTINGS, suppress_health_check=[
     HealthCheck.too_slow, HealthCheck.function_scoped_fixture]))    # the stand-in is stateless
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
 def test_composites_run_on_the_cupy_code_path(name, data, seed, fake_cupy):
