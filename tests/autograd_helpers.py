@@ -134,11 +134,32 @@ class FakeCupy:
     def __getattr__(self, name):
         self.calls.add(name)
         fn = getattr(np, name)
+        if name == "linalg":
+            return _FakeLinalg(self)
         if not callable(fn):
             return fn
 
         def call_on_device(*args, **kwargs):
             return on_device(fn(*args, **kwargs))
+        return call_on_device
+
+
+class _FakeLinalg:
+    """cupy.linalg's stand-in: numpy.linalg with results 'on device'."""
+
+    def __init__(self, cupy):
+        self._cupy = cupy
+
+    def __getattr__(self, name):
+        self._cupy.calls.add("linalg." + name)
+        fn = getattr(np.linalg, name)
+
+        def call_on_device(*args, **kwargs):
+            r = fn(*args, **kwargs)
+            if isinstance(r, tuple):         # (named) tuples of results: each on device
+                parts = [on_device(np.asarray(v)) for v in r]
+                return type(r)(*parts) if hasattr(r, "_fields") else tuple(parts)
+            return on_device(np.asarray(r))
         return call_on_device
 
 

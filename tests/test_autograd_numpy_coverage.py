@@ -109,8 +109,8 @@ def test_the_functions_the_findings_needed_have_rules(name):
 
 
 def test_plain_tensors_are_refused_too_by_functions_without_rules():
-    with pytest.raises(TypeError, match=r"numpy\.sort"):
-        np.sort(ad.Tensor(np.array([2.0, 1.0])))
+    with pytest.raises(TypeError, match=r"numpy\.median"):
+        np.median(ad.Tensor(np.array([2.0, 1.0])))
 
 
 def test_the_tables_hold_only_functions_numpy_dispatches():

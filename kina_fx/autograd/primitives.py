@@ -40,8 +40,8 @@ from . import samples
 from .tensor import (Tensor, _as_array, _plain, _raw, _shape, array_module, is_traced,
                      kernels, recordable)
 
-__all__ = ["op", "Primitive", "PRIMITIVES", "NUMPY_RULES", "effect_of", "numpy_rule",
-           "xp_kernel", "registry_generation"]
+__all__ = ["op", "Primitive", "PRIMITIVES", "NUMPY_RULES", "COMPOSITES", "effect_of",
+           "numpy_rule", "xp_kernel", "registry_generation"]
 
 _ndarray = np.ndarray
 _pymax = max
@@ -54,6 +54,10 @@ PRIMITIVES: dict = {}
 #: Filled by ``op(numpy=...)`` and :func:`numpy_rule`; consulted by
 #: ``Tensor.__array_ufunc__`` / ``__array_function__``.
 NUMPY_RULES: dict = {}
+
+#: name -> function: composites (functions of primitives, no rules of their
+#: own) registered by :func:`numpy_rule` with a sample domain.
+COMPOSITES: dict = {}
 
 _generation = 0
 
@@ -501,16 +505,22 @@ def op(name: str | None = None, *, numpy: Any = (), operator: str | None = None,
     return register
 
 
-def numpy_rule(*numpy_functions: Callable) -> Callable[[Callable], Callable]:
+def numpy_rule(*numpy_functions: Callable, sample: Callable | None = None,
+               reference: Callable | None = None) -> Callable[[Callable], Callable]:
     """Decorator: ``fn`` differentiates these NumPy functions/ufuncs on Tensors
     (``np.ravel(t)`` calls ``fn(t)``).  For functions written with other ops
-    (composites); a primitive declares ``op(numpy=...)`` instead."""
+    (composites); a primitive declares ``op(numpy=...)`` instead.  With
+    ``sample=`` (and ``reference=``, as for :func:`op`) the composite is a row
+    of :data:`COMPOSITES`, which the generic tests check like the primitives."""
     def register(fn):
         for f in numpy_functions:
             if f in NUMPY_RULES and NUMPY_RULES[f] is not fn:
                 raise ValidationError(f"numpy.{f.__name__} already has a rule: "
                                       f"{NUMPY_RULES[f].__name__}")
             NUMPY_RULES[f] = fn
+        if sample is not None:
+            fn.sample, fn.reference = sample, reference
+            COMPOSITES[fn.__name__] = fn
         return fn
     return register
 
