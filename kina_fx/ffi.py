@@ -79,17 +79,29 @@ class _Operands:
     CUDA: zero-copy CuPy views of device/managed memory; host memory the device
     cannot address is staged, and staged outputs are written back by
     :meth:`finish`.
+
+    Every export reads its inputs as they were before it wrote anything, for
+    any overlap of an input with an output (memmove semantics, docs/abi.md):
+    an input that may share memory with an output taken before it is copied
+    first.  (NumPy's ufuncs, ``take`` and ``matmul`` handle overlap
+    themselves, but its assignment does not for every pair of strides, and
+    CuPy promises nothing.)
     """
 
-    __slots__ = ("xp", "_write_backs")
+    __slots__ = ("xp", "_write_backs", "_outputs")
 
     def __init__(self):
         self.xp = gpu_ops.backend()
         self._write_backs = []
+        self._outputs = []
 
     def get(self, ptr, dtype, name, output=False):
         if self.xp is np:
-            return _VIEWS[(dtype, output)].view(ptr, name)
+            arr = _VIEWS[(dtype, output)].view(ptr, name)
+            if output:
+                self._outputs.append(arr)
+                return arr
+            return apart_from(self._outputs, arr, np)
         d = memref.read_descriptor(ptr, name)
         if output:
             memref.check_output_layout(d, name)
@@ -98,12 +110,25 @@ class _Operands:
             arr, write_back = memref.host_staged(d, dtype, self.xp, name)
             if output:
                 self._write_backs.append(write_back)
-        return arr
+        if output:
+            self._outputs.append(arr)
+            return arr
+        return apart_from(self._outputs, arr, self.xp)
 
     def finish(self):
         gpu_ops.synchronize(self.xp)
         for write_back in self._write_backs:
             write_back()
+
+
+def apart_from(outputs, x, xp):
+    """``x``, or a copy of it when it may share memory with one of ``outputs``."""
+    if x.size == 0:
+        return x
+    for out in outputs:
+        if out.size and xp.may_share_memory(out, x):
+            return x.copy()
+    return x
 
 
 # ---- the callbacks (one per KINA_EXPORTS line of kina_runtime.c) ------------------

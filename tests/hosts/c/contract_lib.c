@@ -79,3 +79,12 @@ int32_t ct_recursion(int32_t effect)
         return -2;
     return rc;
 }
+
+/* Entry: raises signal *(int *)arg (a Python signal handler then runs in the
+ * fiber, outside any callback), then returns 1. */
+#include <signal.h>
+int64_t ct_raise_signal(void *arg)
+{
+    raise(*(int *)arg);
+    return 1;
+}
