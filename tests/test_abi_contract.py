@@ -39,21 +39,31 @@ extern kina_fiber_t ct_inner;
 extern int32_t ct_inner_state, ct_inner_resume_rc;
 extern int64_t ct_levels;
 int64_t ct_raise_signal(void *arg);
+extern int32_t ct_last_rc;
+int64_t ct_push_no_pop(void *arg);
+int64_t ct_perform_three(void *arg);
+extern kina_handler_t ct_left_handle;
 """
 
 Ask = Effect("contract.ask")
 Other = Effect("contract.other")
 
 
-@pytest.fixture(scope="module")
+_contract_lib = []
+
+
+@pytest.fixture
 def clib(kina, tmp_path_factory):
+    """The fixture library, built once per session (also for test_abi_status_tables.py)."""
     if GCC is None:
         pytest.skip("gcc is not installed")
-    ffi, _ = kina
-    out = build_fixture_library(HERE / "hosts" / "c" / "contract_lib.c",
-                                tmp_path_factory.mktemp("contract") / "libcontract.so", GCC)
-    ffi.cdef(CONTRACT_CDEF)
-    return ffi.dlopen(str(out))
+    if not _contract_lib:
+        ffi, _ = kina
+        out = build_fixture_library(HERE / "hosts" / "c" / "contract_lib.c",
+                                    tmp_path_factory.mktemp("contract") / "libcontract.so", GCC)
+        ffi.cdef(CONTRACT_CDEF)
+        _contract_lib.append(ffi.dlopen(str(out)))
+    return _contract_lib[0]
 
 
 @pytest.fixture
