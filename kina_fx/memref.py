@@ -323,9 +323,9 @@ def clear_caches() -> None:
 class ViewCache:
     """:func:`read_descriptor` + :func:`numpy_view`, memoised on the descriptor's bytes.
 
-    One cache per (dtype, role).  ``output=True`` also rejects layouts where
-    distinct indices share an element (a zero stride on a dimension longer
-    than one): writing through them is undefined.
+    One cache per (dtype, role).  ``output=True`` also rejects layouts whose
+    elements are not distinct by construction (:func:`check_output_layout`):
+    writing through them would be undefined.
     """
 
     __slots__ = ("dtype", "output", "views", "_bounds")

@@ -15,9 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from abi_helpers import Abi, build_fixture_library
+from abi_helpers import Abi
+from contract_helpers import (ALLOC, COPY_DEV, COPY_HOST, FIBER_CANCELLED, FIBER_DONE, FIBER_FAILED,
+                              FIBER_NEW, FIBER_RUNNING, FIBER_SUSPENDED, GATHER, MATMUL, REPEAT, SOFTMAX,
+                              Fibers, c_perform, descriptor, last_error, push_returning, softmax_ref)
 
-from kina_fx import Effect, Handler, Stepper, gpu_ops, memref, perform
+from kina_fx import Effect, gpu_ops, memref, perform
 from kina_fx import ffi_effects
 from kina_fx.errors import (Cancelled, GpuError, InternalError, KinaTypeError, ResourceError,
                             Status, UnimplementedError, Unhandled, ValidationError,
@@ -27,88 +30,13 @@ pytestmark = pytest.mark.integration
 HERE = Path(__file__).parent
 GCC = shutil.which("gcc")
 
-FIBER_NEW, FIBER_RUNNING, FIBER_SUSPENDED, FIBER_DONE, FIBER_FAILED, FIBER_CANCELLED = range(6)
-
-CONTRACT_CDEF = """
-int32_t ct_returns_ctx(void *ctx, int32_t effect, const int64_t *args, int32_t nargs, int64_t *out);
-int64_t ct_perform_once(void *arg);
-int64_t ct_outer_entry(void *arg);
-int32_t ct_recursion(int32_t effect);
-extern int32_t ct_inner_catch, ct_outer_effect;
-extern kina_fiber_t ct_inner;
-extern int32_t ct_inner_state, ct_inner_resume_rc;
-extern int64_t ct_levels;
-int64_t ct_raise_signal(void *arg);
-extern int32_t ct_last_rc;
-int64_t ct_push_no_pop(void *arg);
-int64_t ct_perform_three(void *arg);
-extern kina_handler_t ct_left_handle;
-"""
-
 Ask = Effect("contract.ask")
 Other = Effect("contract.other")
-
-
-_contract_lib = []
-
-
-@pytest.fixture
-def clib(kina, tmp_path_factory):
-    """The fixture library, built once per session (also for test_abi_status_tables.py)."""
-    if GCC is None:
-        pytest.skip("gcc is not installed")
-    if not _contract_lib:
-        ffi, _ = kina
-        out = build_fixture_library(HERE / "hosts" / "c" / "contract_lib.c",
-                                    tmp_path_factory.mktemp("contract") / "libcontract.so", GCC)
-        ffi.cdef(CONTRACT_CDEF)
-        _contract_lib.append(ffi.dlopen(str(out)))
-    return _contract_lib[0]
 
 
 @pytest.fixture
 def abi():
     return Abi()
-
-
-def last_error(kina) -> str:
-    ffi, lib = kina
-    return ffi.string(lib.kina_last_error()).decode()
-
-
-class Fibers:
-    """kina_fiber_* calls from Python with out-parameters made here."""
-
-    def __init__(self, kina, clib):
-        self.ffi, self.lib, self.clib = kina[0], kina[1], clib
-        self.keep = []
-
-    def create(self, effect, catch=()):
-        arg = self.ffi.new("int32_t *", effect.id)
-        ids = self.ffi.new("int32_t[]", [e.id for e in catch] or [0])
-        out = self.ffi.new("kina_fiber_t *")
-        self.keep += [arg, ids]
-        entry = self.ffi.cast("kina_fiber_fn", self.clib.ct_perform_once)
-        assert self.lib.kina_fiber_create(entry, arg, ids, len(catch), out) == 0
-        return out[0]
-
-    def state(self, fiber):
-        out = self.ffi.new("int32_t *", -1)
-        assert self.lib.kina_fiber_state(fiber, out) == 0
-        return out[0]
-
-    def resume(self, fiber, value=0, sentinel=-1):
-        out = self.ffi.new("int32_t *", sentinel)
-        return self.lib.kina_resume_fiber(fiber, value, out), out[0]
-
-    def cancel(self, fiber, sentinel=-1):
-        out = self.ffi.new("int32_t *", sentinel)
-        return self.lib.kina_cancel_fiber(fiber, out), out[0]
-
-
-@pytest.fixture
-def fib(kina, clib):
-    return Fibers(kina, clib)
 
 
 # ---- status codes: one class each ----------------------------------------------------------
@@ -140,35 +68,20 @@ def test_unhandled_from_c_names_no_effect_and_pickles():
 
 # ---- C handler results ------------------------------------------------------------------------
 
-def push_returning(kina, clib, rc, effect=Ask):
-    ffi, lib = kina
-    h = ffi.new("kina_handler_t *")
-    ids = ffi.new("int32_t[1]", [effect.id])
-    fn = ffi.cast("kina_handler_fn", clib.ct_returns_ctx)
-    assert lib.kina_push_handler(fn, ffi.cast("void *", rc), ids, 1, h) == 0
-    return h[0]
-
-
-def c_perform(kina, effect=Ask):
-    ffi, lib = kina
-    out = ffi.new("int64_t *", -5)
-    return lib.kina_perform(effect.id, ffi.NULL, 0, out), out[0]
-
-
 @pytest.mark.parametrize("rc", range(1, 9))
-def test_a_handler_status_1_to_8_is_what_the_perform_returns(kina, clib, rc):
-    h = push_returning(kina, clib, rc)
+def test_a_handler_status_1_to_8_is_what_the_perform_returns(kina, contract_lib, rc):
+    h = push_returning(kina, contract_lib, rc, Ask)
     try:
-        assert c_perform(kina) == (rc, -5)
+        assert c_perform(kina, Ask) == (rc, -5)
         assert last_error(kina).endswith(f"the C handler for {Ask.name} failed with status {rc}")
         assert last_error(kina).startswith(type(exception_for(rc, "")).__name__ + ": ")
     finally:
         assert kina[1].kina_pop_handler(h) == 0
 
 
-def test_an_unhandled_inner_perform_propagates_as_8(kina, clib):
+def test_an_unhandled_inner_perform_propagates_as_8(kina, contract_lib):
     """rc = kina_perform(...); if (rc) return rc; -- the idiom works for 8 too."""
-    h = push_returning(kina, clib, int(Status.UNHANDLED))
+    h = push_returning(kina, contract_lib, int(Status.UNHANDLED), Ask)
     try:
         with pytest.raises(Unhandled, match="failed with status 8"):
             perform(Ask)
@@ -177,10 +90,10 @@ def test_an_unhandled_inner_perform_propagates_as_8(kina, clib):
 
 
 @pytest.mark.parametrize("rc", [9, 100, (1 << 31) - 1, -3, -100, -(1 << 31)])
-def test_a_handler_result_outside_the_set_is_validation(kina, clib, rc):
-    h = push_returning(kina, clib, rc)
+def test_a_handler_result_outside_the_set_is_validation(kina, contract_lib, rc):
+    h = push_returning(kina, contract_lib, rc, Ask)
     try:
-        assert c_perform(kina) == (Status.VALIDATION, -5)
+        assert c_perform(kina, Ask) == (Status.VALIDATION, -5)
         assert f"returned {rc}, which is not a handler result" in last_error(kina)
         with pytest.raises(ValidationError, match="not a handler result"):
             perform(Ask)
@@ -188,10 +101,10 @@ def test_a_handler_result_outside_the_set_is_validation(kina, clib, rc):
         assert kina[1].kina_pop_handler(h) == 0
 
 
-def test_suspend_with_no_fiber_outside_is_8_naming_the_effect(kina, clib):
-    h = push_returning(kina, clib, -2)      # KINA_SUSPEND
+def test_suspend_with_no_fiber_outside_is_8_naming_the_effect(kina, contract_lib):
+    h = push_returning(kina, contract_lib, -2, Ask)      # KINA_SUSPEND
     try:
-        assert c_perform(kina) == (Status.UNHANDLED, -5)
+        assert c_perform(kina, Ask) == (Status.UNHANDLED, -5)
         text = last_error(kina)
         assert text.startswith("Unhandled: no fiber to suspend for contract.ask")
         assert "kina.suspend_to_host" not in text
@@ -203,8 +116,6 @@ def test_suspend_with_no_fiber_outside_is_8_naming_the_effect(kina, clib):
 
 
 # ---- alloc ------------------------------------------------------------------------------------
-
-ALLOC = "_mlir_ciface_runtime_gpu_alloc_unranked"
 
 
 @pytest.mark.parametrize("sizes, element_size", [
@@ -256,15 +167,15 @@ def test_a_handle_with_a_slot_never_issued_is_not_a_fiber_handle(kina, slot):
 
 # ---- cancel -------------------------------------------------------------------------------------
 
-def test_cancel_with_a_null_out_state_is_refused_and_cancels_nothing(kina, fib):
+def test_cancel_with_a_null_out_state_is_refused_and_cancels_nothing(kina, fiber_calls):
     ffi, lib = kina
-    f = fib.create(Ask, catch=[Ask])
+    f = fiber_calls.create(Ask, catch=[Ask])
     assert lib.kina_cancel_fiber(f, ffi.NULL) == Status.VALIDATION
     assert "out_state" in last_error(kina)
-    assert fib.state(f) == FIBER_NEW
-    assert fib.resume(f) == (0, FIBER_SUSPENDED)
+    assert fiber_calls.state(f) == FIBER_NEW
+    assert fiber_calls.resume(f) == (0, FIBER_SUSPENDED)
     assert lib.kina_cancel_fiber(f, ffi.NULL) == Status.VALIDATION
-    assert fib.state(f) == FIBER_SUSPENDED
+    assert fiber_calls.state(f) == FIBER_SUSPENDED
     assert lib.kina_fiber_destroy(f) == 0
 
 
@@ -290,24 +201,6 @@ def test_reentry_until_the_recursion_limit_prints_nothing(tmp_path, python, pure
 
 
 # ==== decided corners (docs/abi.md, "Decided corners") ==========================================
-
-COPY_HOST = "_mlir_ciface_runtime_copy_to_host_f32"
-COPY_DEV = "_mlir_ciface_runtime_copy_to_device_f32"
-MATMUL = "_mlir_ciface_runtime_gpu_matmul_f32"
-GATHER = "_mlir_ciface_runtime_gpu_gather_f32"
-SOFTMAX = "_mlir_ciface_runtime_gpu_softmax_f32"
-REPEAT = "_mlir_ciface_runtime_gpu_repeat_interleave_f32"
-
-
-def descriptor(sizes, strides, aligned=0x1000, offset=0):
-    """A raw memref descriptor (no storage behind it unless ``aligned`` points to some)."""
-    return memref.UnrankedMemref(None, len(sizes), [aligned, aligned, offset, *sizes, *strides])
-
-
-def softmax_ref(x, axis):
-    e = np.exp(x - x.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
-
 
 # ---- overlapping operands: memmove semantics ---------------------------------------------------
 
@@ -500,34 +393,34 @@ def test_the_first_failing_check_in_parameter_order_decides(abi, monkeypatch):
 
 # ---- fibers -------------------------------------------------------------------------------------
 
-def test_a_refused_resume_leaves_out_state_untouched(kina, fib):
-    f = fib.create(Ask, catch=[Other])
-    assert fib.resume(f) == (0, FIBER_DONE)    # Ask is not caught: the entry returns -8
+def test_a_refused_resume_leaves_out_state_untouched(kina, fiber_calls):
+    f = fiber_calls.create(Ask, catch=[Other])
+    assert fiber_calls.resume(f) == (0, FIBER_DONE)    # Ask is not caught: the entry returns -8
     out = kina[0].new("int64_t *")
     assert kina[1].kina_fiber_result(f, out) == 0 and out[0] == -Status.UNHANDLED
-    assert fib.resume(f, sentinel=-99) == (Status.VALIDATION, -99)
+    assert fiber_calls.resume(f, sentinel=-99) == (Status.VALIDATION, -99)
     assert "done" in last_error(kina)
     assert kina[1].kina_fiber_destroy(f) == 0
-    assert fib.resume(f, sentinel=-99) == (Status.VALIDATION, -99)
+    assert fiber_calls.resume(f, sentinel=-99) == (Status.VALIDATION, -99)
     assert "stale" in last_error(kina)
 
 
 @pytest.mark.parametrize("how", ["done", "cancelled", "failed"])
-def test_cancelling_a_fiber_that_has_ended_is_0_and_changes_nothing(kina, fib, clib, how):
+def test_cancelling_a_fiber_that_has_ended_is_0_and_changes_nothing(kina, fiber_calls, contract_lib, how):
     ffi, lib = kina
     if how == "failed":
-        f = failed_fiber(kina, clib)
+        f = failed_fiber(kina, contract_lib)
     else:
-        f = fib.create(Ask, catch=[Ask])
-        assert fib.resume(f) == (0, FIBER_SUSPENDED)
+        f = fiber_calls.create(Ask, catch=[Ask])
+        assert fiber_calls.resume(f) == (0, FIBER_SUSPENDED)
         if how == "done":
-            assert fib.resume(f, 5) == (0, FIBER_DONE)
+            assert fiber_calls.resume(f, 5) == (0, FIBER_DONE)
         else:
-            assert fib.cancel(f) == (0, FIBER_CANCELLED)
-    state = fib.state(f)
-    assert fib.cancel(f) == (0, state)
-    assert fib.cancel(f) == (0, state)
-    assert fib.state(f) == state
+            assert fiber_calls.cancel(f) == (0, FIBER_CANCELLED)
+    state = fiber_calls.state(f)
+    assert fiber_calls.cancel(f) == (0, state)
+    assert fiber_calls.cancel(f) == (0, state)
+    assert fiber_calls.state(f) == state
     if how == "done":
         out = ffi.new("int64_t *")
         assert lib.kina_fiber_result(f, out) == 0 and out[0] == 5
@@ -544,18 +437,18 @@ def test_effect_names_are_non_empty_utf8(kina):
     assert lib.kina_effect_id("contract.é".encode(), out) == 0 and out[0] == Effect("contract.é").id
 
 
-def test_an_inner_fiber_is_running_while_its_perform_suspends_the_outer_one(kina, clib):
+def test_an_inner_fiber_is_running_while_its_perform_suspends_the_outer_one(kina, contract_lib):
     """The outer fiber resumed an inner one whose perform suspended the outer
     fiber: the inner one is RUNNING (its kina_resume_fiber has not returned)."""
     ffi, lib = kina
-    clib.ct_inner_catch = Ask.id
-    clib.ct_outer_effect = Other.id
+    contract_lib.ct_inner_catch = Ask.id
+    contract_lib.ct_outer_effect = Other.id
     f = ffi.new("kina_fiber_t *")
     catch = ffi.new("int32_t[1]", [Other.id])
-    assert lib.kina_fiber_create(ffi.cast("kina_fiber_fn", clib.ct_outer_entry), ffi.NULL, catch, 1, f) == 0
-    fibers = Fibers(kina, clib)
+    assert lib.kina_fiber_create(ffi.cast("kina_fiber_fn", contract_lib.ct_outer_entry), ffi.NULL, catch, 1, f) == 0
+    fibers = Fibers(kina, contract_lib)
     assert fibers.resume(f[0]) == (0, FIBER_SUSPENDED)
-    inner = clib.ct_inner
+    inner = contract_lib.ct_inner
     assert fibers.state(inner) == FIBER_RUNNING
     for call in (lambda: fibers.resume(inner, sentinel=-9), lambda: fibers.cancel(inner, sentinel=-9)):
         assert call() == (Status.VALIDATION, -9)
@@ -565,15 +458,15 @@ def test_an_inner_fiber_is_running_while_its_perform_suspends_the_outer_one(kina
     assert fibers.resume(f[0], 41) == (0, FIBER_DONE)
     out = ffi.new("int64_t *")
     assert lib.kina_fiber_result(f[0], out) == 0 and out[0] == 41
-    assert clib.ct_inner_resume_rc == 0 and clib.ct_inner_state == FIBER_DONE
+    assert contract_lib.ct_inner_resume_rc == 0 and contract_lib.ct_inner_state == FIBER_DONE
     assert lib.kina_fiber_destroy(f[0]) == 0
 
 
-def failed_fiber(kina, clib):
+def failed_fiber(kina, contract_lib):
     """A fiber whose Python side raised: a signal handler that raises while it runs."""
     import signal
     ffi, lib = kina
-    clib_raise = clib.ct_raise_signal
+    clib_raise = contract_lib.ct_raise_signal
 
     def handler(signum, frame):
         raise ValueError("raised by a signal handler inside the fiber")
@@ -591,12 +484,12 @@ def failed_fiber(kina, clib):
     return f[0]
 
 
-def test_a_fiber_fails_when_python_raises_in_it_outside_any_callback(kina, clib):
+def test_a_fiber_fails_when_python_raises_in_it_outside_any_callback(kina, contract_lib):
     ffi, lib = kina
-    f = failed_fiber(kina, clib)
+    f = failed_fiber(kina, contract_lib)
     st = ffi.new("int32_t *", -1)
     assert lib.kina_fiber_state(f, st) == 0 and st[0] == FIBER_FAILED
-    assert Fibers(kina, clib).resume(f, sentinel=-9) == (Status.VALIDATION, -9)
+    assert Fibers(kina, contract_lib).resume(f, sentinel=-9) == (Status.VALIDATION, -9)
     assert "failed" in last_error(kina)
     assert lib.kina_fiber_result(f, ffi.new("int64_t *")) == Status.VALIDATION
     assert lib.kina_fiber_destroy(f) == 0

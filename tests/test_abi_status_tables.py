@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_abi_contract import (ALLOC, COPY_DEV, COPY_HOST, GATHER, MATMUL, REPEAT, SOFTMAX,  # noqa: F401
-                               FIBER_CANCELLED, FIBER_DONE, FIBER_NEW, FIBER_SUSPENDED, Fibers, abi,
-                               c_perform, clib, descriptor, fib, last_error, push_returning)
+from abi_helpers import Abi
+from contract_helpers import (ALLOC, COPY_DEV, COPY_HOST, FIBER_CANCELLED, FIBER_DONE, FIBER_NEW,
+                              FIBER_SUSPENDED, GATHER, MATMUL, REPEAT, SOFTMAX, c_perform, descriptor,
+                              last_error, push_returning)
 
 from kina_fx import Effect, Handler, gpu_ops, memref
 from kina_fx.errors import Status
@@ -63,6 +64,11 @@ ROWS = {
     "a C handler returned `KINA_SUSPEND`": ["test_abi_contract.py::test_suspend_with_no_fiber_outside_is_8_naming_the_effect"],
     "the fiber failed": ["test_abi_contract.py::test_a_fiber_fails_when_python_raises_in_it_outside_any_callback"],
 }
+
+
+@pytest.fixture
+def abi():
+    return Abi()
 
 
 # ---- the tables --------------------------------------------------------------------------------
@@ -184,7 +190,7 @@ def test_row_internal(abi, monkeypatch):
     assert message.startswith("RecursionError: maximum recursion depth exceeded (kina_fx:")
 
 
-def test_row_type(abi, kina, clib):
+def test_row_type(abi, kina, contract_lib):
     assert abi.call(ALLOC, memref.empty_descriptor((2,)), 3) == Status.TYPE
     assert "element_size" in abi.last_error()
     ffi, lib = kina
@@ -195,13 +201,13 @@ def test_row_type(abi, kina, clib):
 
 # ---- "Statuses and states" ---------------------------------------------------------------------
 
-def test_row_stale_handles(kina, fib, clib):
+def test_row_stale_handles(kina, fiber_calls, contract_lib):
     ffi, lib = kina
     out = ffi.new("int32_t *", -1)
-    f = fib.create(Ask)
+    f = fiber_calls.create(Ask)
     assert lib.kina_fiber_destroy(f) == 0
-    g = fib.create(Ask)                                   # may reuse f's slot: f stays stale
-    h = push_returning(kina, clib, 0, Ask)
+    g = fiber_calls.create(Ask)                                   # may reuse f's slot: f stays stale
+    h = push_returning(kina, contract_lib, 0, Ask)
     for bad in (0, 0x1234, f, (3 << 56) | (1 << 32) | 1, h):
         assert lib.kina_fiber_state(bad, out) == Status.VALIDATION and out[0] == -1
         assert "stale" in last_error(kina) or "not a fiber handle" in last_error(kina), last_error(kina)
@@ -210,50 +216,50 @@ def test_row_stale_handles(kina, fib, clib):
     # a handler left pushed on a fiber that ended turns stale
     arg = ffi.new("int32_t *", Ask.id)
     left = ffi.new("kina_fiber_t *")
-    assert lib.kina_fiber_create(ffi.cast("kina_fiber_fn", clib.ct_push_no_pop), arg, ffi.NULL, 0, left) == 0
-    assert fib.resume(left[0]) == (0, FIBER_DONE)
+    assert lib.kina_fiber_create(ffi.cast("kina_fiber_fn", contract_lib.ct_push_no_pop), arg, ffi.NULL, 0, left) == 0
+    assert fiber_calls.resume(left[0]) == (0, FIBER_DONE)
     assert lib.kina_fiber_destroy(left[0]) == 0
     gc.collect()
-    assert lib.kina_pop_handler(clib.ct_left_handle) == Status.VALIDATION and "stale" in last_error(kina)
+    assert lib.kina_pop_handler(contract_lib.ct_left_handle) == Status.VALIDATION and "stale" in last_error(kina)
     assert lib.kina_fiber_destroy(g) == 0
 
 
-def test_row_resume_refused(kina, fib):
-    f = fib.create(Ask, catch=[Ask])
-    assert fib.resume(f) == (0, FIBER_SUSPENDED)
-    assert fib.resume(f, 1) == (0, FIBER_DONE)
-    assert fib.resume(f, sentinel=-9) == (Status.VALIDATION, -9) and "done" in last_error(kina)
-    g = fib.create(Ask, catch=[Ask])
-    assert fib.cancel(g) == (0, FIBER_CANCELLED)
-    assert fib.resume(g, sentinel=-9) == (Status.VALIDATION, -9) and "cancelled" in last_error(kina)
+def test_row_resume_refused(kina, fiber_calls):
+    f = fiber_calls.create(Ask, catch=[Ask])
+    assert fiber_calls.resume(f) == (0, FIBER_SUSPENDED)
+    assert fiber_calls.resume(f, 1) == (0, FIBER_DONE)
+    assert fiber_calls.resume(f, sentinel=-9) == (Status.VALIDATION, -9) and "done" in last_error(kina)
+    g = fiber_calls.create(Ask, catch=[Ask])
+    assert fiber_calls.cancel(g) == (0, FIBER_CANCELLED)
+    assert fiber_calls.resume(g, sentinel=-9) == (Status.VALIDATION, -9) and "cancelled" in last_error(kina)
     for x in (f, g):
         assert kina[1].kina_fiber_destroy(x) == 0
 
 
-def test_row_not_suspended_or_not_done(kina, fib):
+def test_row_not_suspended_or_not_done(kina, fiber_calls):
     ffi, lib = kina
-    f = fib.create(Ask, catch=[Ask])
+    f = fiber_calls.create(Ask, catch=[Ask])
     eid, nargs, value = ffi.new("int32_t *", -1), ffi.new("int32_t *", -1), ffi.new("int64_t *", -1)
     assert lib.kina_get_perform_id(f, eid) == Status.VALIDATION and "new" in last_error(kina)
     assert lib.kina_get_perform_args(f, ffi.NULL, 0, nargs) == Status.VALIDATION and "new" in last_error(kina)
-    assert fib.resume(f) == (0, FIBER_SUSPENDED)
+    assert fiber_calls.resume(f) == (0, FIBER_SUSPENDED)
     assert lib.kina_fiber_result(f, value) == Status.VALIDATION and "suspended" in last_error(kina)
     assert (eid[0], nargs[0], value[0]) == (-1, -1, -1)
     assert lib.kina_fiber_destroy(f) == 0
 
 
-def test_row_pop_not_innermost(kina, clib):
+def test_row_pop_not_innermost(kina, contract_lib):
     ffi, lib = kina
-    outer = push_returning(kina, clib, 0, Ask)
-    inner = push_returning(kina, clib, 0, Other)
+    outer = push_returning(kina, contract_lib, 0, Ask)
+    inner = push_returning(kina, contract_lib, 0, Other)
     assert lib.kina_pop_handler(outer) == Status.VALIDATION and "not the innermost handler" in last_error(kina)
     assert lib.kina_pop_handler(inner) == 0 and lib.kina_pop_handler(outer) == 0
 
 
-def test_row_other_thread(kina, fib, clib):
+def test_row_other_thread(kina, fiber_calls, contract_lib):
     ffi, lib = kina
-    f = fib.create(Ask, catch=[Ask])
-    h = push_returning(kina, clib, 0, Ask)
+    f = fiber_calls.create(Ask, catch=[Ask])
+    h = push_returning(kina, contract_lib, 0, Ask)
     seen = []
 
     def other():
@@ -268,13 +274,13 @@ def test_row_other_thread(kina, fib, clib):
     assert lib.kina_pop_handler(h) == 0 and lib.kina_fiber_destroy(f) == 0
 
 
-def test_row_bad_arguments(kina, fib, clib):
+def test_row_bad_arguments(kina, fiber_calls, contract_lib):
     ffi, lib = kina
     NULL = ffi.NULL
     ids = ffi.new("int32_t[1]", [Ask.id])
-    fn = ffi.cast("kina_handler_fn", clib.ct_returns_ctx)
-    entry = ffi.cast("kina_fiber_fn", clib.ct_perform_once)
-    f = fib.create(Ask, catch=[Ask])
+    fn = ffi.cast("kina_handler_fn", contract_lib.ct_returns_ctx)
+    entry = ffi.cast("kina_fiber_fn", contract_lib.ct_perform_once)
+    f = fiber_calls.create(Ask, catch=[Ask])
     cases = [
         (lambda: lib.kina_effect_id(b"x", NULL), "out_id"),
         (lambda: lib.kina_fiber_create(NULL, NULL, NULL, 0, ffi.new("kina_fiber_t *")), "entry"),
@@ -297,14 +303,14 @@ def test_row_bad_arguments(kina, fib, clib):
     for call, text in cases:
         assert call() == Status.VALIDATION, text
         assert text in last_error(kina), (text, last_error(kina))
-    assert fib.state(f) == FIBER_NEW
+    assert fiber_calls.state(f) == FIBER_NEW
     assert lib.kina_fiber_destroy(f) == 0
 
 
-def test_row_cap_too_small(kina, fib, clib):
+def test_row_cap_too_small(kina, fiber_calls, contract_lib):
     ffi, lib = kina
-    f = fib.create(Ask, catch=[Ask])
-    assert fib.resume(f) == (0, FIBER_SUSPENDED)
+    f = fiber_calls.create(Ask, catch=[Ask])
+    assert fiber_calls.resume(f) == (0, FIBER_SUSPENDED)
     # ct_perform_once performs with no arguments: any capacity >= 0 holds them
     nargs = ffi.new("int32_t *", -1)
     assert lib.kina_get_perform_args(f, ffi.NULL, 0, nargs) == 0 and nargs[0] == 0
@@ -312,8 +318,8 @@ def test_row_cap_too_small(kina, fib, clib):
     arg = ffi.new("int32_t *", Ask.id)
     three = ffi.new("kina_fiber_t *")
     catch = ffi.new("int32_t[1]", [Ask.id])
-    assert lib.kina_fiber_create(ffi.cast("kina_fiber_fn", clib.ct_perform_three), arg, catch, 1, three) == 0
-    assert fib.resume(three[0]) == (0, FIBER_SUSPENDED)
+    assert lib.kina_fiber_create(ffi.cast("kina_fiber_fn", contract_lib.ct_perform_three), arg, catch, 1, three) == 0
+    assert fiber_calls.resume(three[0]) == (0, FIBER_SUSPENDED)
     args = ffi.new("int64_t[2]", [-1, -1])
     assert lib.kina_get_perform_args(three[0], args, 2, nargs) == Status.VALIDATION
     assert nargs[0] == 3 and "3 arguments" in last_error(kina)
@@ -321,19 +327,19 @@ def test_row_cap_too_small(kina, fib, clib):
     assert lib.kina_fiber_destroy(three[0]) == 0
 
 
-def test_row_not_int64(kina, clib):
+def test_row_not_int64(kina, contract_lib):
     for answer in (1.5, "x", 1 << 64):
         with Handler(fun={Ask: lambda answer=answer: answer}):
             assert c_perform(kina, Ask) == (Status.TYPE, -5)
         assert type(answer).__name__ in last_error(kina) or "int64_t" in last_error(kina)
 
 
-def test_row_cancelled_pending_perform(kina, fib, clib):
-    f = fib.create(Ask, catch=[Ask])
-    assert fib.resume(f) == (0, FIBER_SUSPENDED)
-    clib.ct_last_rc = -1
-    assert fib.cancel(f) == (0, FIBER_CANCELLED)
-    assert clib.ct_last_rc == Status.CANCELLED
+def test_row_cancelled_pending_perform(kina, fiber_calls, contract_lib):
+    f = fiber_calls.create(Ask, catch=[Ask])
+    assert fiber_calls.resume(f) == (0, FIBER_SUSPENDED)
+    contract_lib.ct_last_rc = -1
+    assert fiber_calls.cancel(f) == (0, FIBER_CANCELLED)
+    assert contract_lib.ct_last_rc == Status.CANCELLED
     assert kina[1].kina_fiber_result(f, kina[0].new("int64_t *")) == Status.VALIDATION
     assert "cancelled" in last_error(kina)
     assert kina[1].kina_fiber_destroy(f) == 0
