@@ -310,7 +310,7 @@ static void shapes_for(kf_bytes_t *b, const kf_export_t *ex, kf_call_t *c)
             c->sizes[0][i] = c->sizes[2][i];
         for (int i = 1; i < rv; i++)
             c->sizes[0][ri + i - 1] = c->sizes[1][i];
-    } else if (has(ex->name, "softmax") || has(ex->name, "repeat_interleave")) {
+    } else if (has(ex->name, "gpu_softmax") || has(ex->name, "repeat_interleave")) {
         int rx = random_shape(b, s, 1);
         c->rank[0] = c->rank[1] = rx;
         memcpy(c->sizes[0], s, sizeof s);
@@ -325,7 +325,7 @@ static void shapes_for(kf_bytes_t *b, const kf_export_t *ex, kf_call_t *c)
         }
     }
     /* Sometimes an empty shape with huge other sizes, the same for every memref. */
-    if ((has(ex->name, "copy") || has(ex->name, "softmax")) && kf_one_in(b, 12)) {
+    if ((has(ex->name, "copy") || has(ex->name, "gpu_softmax")) && kf_one_in(b, 12)) {
         int rx = 2 + (int)kf_pick(b, 2);
         int zero = (int)kf_pick(b, (uint32_t)rx);
         for (int p = 0; p < 2; p++) {
@@ -436,7 +436,7 @@ static void check_reference(const kf_export_t *ex, kf_call_t *c)
             KF_CHECK(memcmp(arena + element_pos(o, k), before + element_pos(v, ravel(j, v->sizes, v->rank)), 4) == 0,
                      "%s: element %lld is not row %lld's", ex->name, (long long)k, (long long)row);
         }
-    } else if (has(ex->name, "softmax")) {
+    } else if (has(ex->name, "gpu_softmax")) {
         kf_mem_t *x = &mems[1];
         int r = x->rank, axis = (int)((c->scalar[2] + r) % r);
         for (int64_t k = 0; k < n; k++) {

@@ -5,7 +5,9 @@
 Reads the same export tables as the library build (kina_fx/_native/build.py's
 ``exports()``: every X(...) line of KINA_EXPORTS and the table files in
 EXPORT_TABLES), so an export added there is fuzzed without touching the
-fuzzer.  Every ``_mlir_ciface_*`` / ``runtime_*`` export whose parameters are
+fuzzer.  Every ``_mlir_ciface_runtime_*`` / ``runtime_*`` export (the memref
+runtime; the tape ABI's ``_mlir_ciface_kina_tape_*`` are tested by their own
+suites) whose parameters are
 memref pointers and int32 scalars gets a row: its name, each parameter's kind
 (memref or int32), role and element size, and a stub that calls it with
 arguments taken from arrays.
@@ -61,7 +63,7 @@ def role(name: str) -> str:
 
 
 def element_size(export: str, name: str) -> int:
-    if name in ("indices", "idx"):
+    if name in ("indices", "idx", "labels", "perm"):    # the int64 operands (kina_fx/runtime_ops.py)
         return 8
     return 2 if export.endswith("_f16") else 4
 
@@ -69,7 +71,7 @@ def element_size(export: str, name: str) -> int:
 def rows():
     table = []
     for export, _py, params in native_build().exports():
-        if not export.startswith(("_mlir_ciface_", "runtime_")):
+        if not export.startswith(("_mlir_ciface_runtime_", "runtime_")):
             continue
         parsed = parse_params(params)
         if parsed is None:

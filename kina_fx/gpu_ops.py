@@ -95,6 +95,17 @@ def array_module(*arrays):
     return np
 
 
+def apart_from(outputs, x, xp):
+    """``x``, or a copy of it when it may share memory with one of ``outputs``
+    (what gives an op memmove semantics when its kernel would not)."""
+    if x.size == 0:
+        return x
+    for out in outputs:
+        if out.size and xp.may_share_memory(out, x):
+            return x.copy()
+    return x
+
+
 def normalize_axis(axis: int, ndim: int) -> int:
     """``axis`` in ``[-ndim, ndim)`` as a non-negative index, else ValidationError."""
     if not -ndim <= axis < ndim:

@@ -68,12 +68,15 @@ class RuntimeOp:
     differentiate: Callable | None    # differentiate(ad, *inputs, *params) -> Tensor
     doc: str
     seed: bool = False                # one of the specification's original exports
+    # Whether the NumPy kernel reads every input before writing ``out`` however
+    # they overlap (ufuncs, matmul, take, and kernels that build their result
+    # before assigning it).  Others get overlapping inputs copied first.
+    overlap_safe: bool = True
     effect: Effect = field(init=False, compare=False)
 
     def __post_init__(self):
         effect = Effect("kina.runtime." + self.name)
-        kernel = self.kernel
-        effect.default = kernel
+        effect.default = _memmove_default(self.kernel, len(self.inputs), self.overlap_safe)
         object.__setattr__(self, "effect", effect)
 
     @property
@@ -105,6 +108,21 @@ class RuntimeOp:
         if tuple(out.shape) != tuple(shape):
             raise ValidationError(f"{self.name}: out has shape {tuple(out.shape)}, "
                                   f"expected {tuple(shape)}")
+
+
+def _memmove_default(kernel, n, numpy_overlap_safe):
+    """The effect's default: the kernel, with memmove semantics (docs/abi.md):
+    an input that may share memory with ``out`` is copied first, unless the
+    kernel is known to handle that (NumPy only: CuPy promises nothing)."""
+    ndarray = np.ndarray
+
+    def default(out, *args):
+        if numpy_overlap_safe and out.__class__ is ndarray:
+            return kernel(out, *args)
+        xp = gpu_ops.array_module(out)
+        inputs = [gpu_ops.apart_from((out,), a, xp) for a in args[:n]]
+        return kernel(out, *inputs, *args[n:])
+    return default
 
 
 # ---- checks: the output shape of a valid call ------------------------------------
@@ -251,14 +269,15 @@ RUNTIME_OPS: tuple = (
     # The specification's exports (names kept exactly).
     RuntimeOp("copy_to_device_f32", "_mlir_ciface_runtime_copy_to_device_f32", Operand("dst"),
               (Operand("src"),), ("device",), _copy_to_device_kernel, lambda src, device: src.shape,
-              _same_tensor, "dst = src on device ordinal `device` (0 on the CPU backend)", seed=True),
+              _same_tensor, "dst = src on device ordinal `device` (0 on the CPU backend)", seed=True,
+              overlap_safe=False),
     RuntimeOp("copy_to_device_f16", "_mlir_ciface_runtime_copy_to_device_f16", Operand("dst", F16),
               (Operand("src", F16),), ("device",), _copy_to_device_kernel,
               lambda src, device: src.shape, _same_tensor,
-              "dst = src (float16) on device ordinal `device`", seed=True),
+              "dst = src (float16) on device ordinal `device`", seed=True, overlap_safe=False),
     RuntimeOp("copy_to_host_f32", "_mlir_ciface_runtime_copy_to_host_f32", Operand("dst"),
               (Operand("src"),), (), _copy_kernel, _copy_check, _same_tensor,
-              "dst = src, into host-visible memory", seed=True),
+              "dst = src, into host-visible memory", seed=True, overlap_safe=False),
     RuntimeOp("matmul", "_mlir_ciface_runtime_gpu_matmul_f32", OUT, (A, B), (),
               lambda out, a, b: gpu_ops.matmul(a, b, out), _matmul_check,
               lambda ad, a, b: ad.matmul(a, b), "out = a @ b (NumPy matmul rules, batched)", seed=True),
@@ -273,7 +292,8 @@ RUNTIME_OPS: tuple = (
     RuntimeOp("repeat_interleave", "_mlir_ciface_runtime_gpu_repeat_interleave_f32", OUT, (X,),
               ("axis", "reps"), lambda out, x, axis, reps: gpu_ops.repeat_interleave(x, reps, axis, out),
               _repeat_check, lambda ad, x, axis, reps: ad.repeat_interleave(x, reps, axis),
-              "each element of x repeated `reps` times along `axis` (torch semantics)", seed=True),
+              "each element of x repeated `reps` times along `axis` (torch semantics)", seed=True,
+              overlap_safe=False),
     # The differentiable network's ops.
     _unary("neg", "out = -x"),
     _unary("exp", "out = exp(x)"),
@@ -292,7 +312,7 @@ RUNTIME_OPS: tuple = (
     RuntimeOp("transpose", "_mlir_ciface_runtime_transpose_f32", OUT, (X, Operand("perm", I64)), (),
               lambda out, x, perm: gpu_ops.transpose(x, perm.tolist(), out), _transpose_check,
               lambda ad, x, perm: ad.transpose(x, tuple(int(p) for p in perm.tolist())),
-              "out = x with axes permuted: out.shape[i] = x.shape[perm[i]]"),
+              "out = x with axes permuted: out.shape[i] = x.shape[perm[i]]", overlap_safe=False),
     RuntimeOp("log_softmax", "_mlir_ciface_runtime_log_softmax_f32", OUT, (X,), ("axis",),
               lambda out, x, axis: gpu_ops.log_softmax(x, axis, out), _axis_check("log_softmax"),
               lambda ad, x, axis: ad.log_softmax(x, axis), "out = log(softmax(x)) along `axis`"),

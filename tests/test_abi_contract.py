@@ -270,8 +270,8 @@ def test_softmax_and_matmul_with_overlapping_outputs(abi, shift):
 
 
 def test_inputs_that_may_share_memory_with_an_output_are_copied_first():
-    """The CUDA path's rule (kina_fx.ffi.apart_from), checked with NumPy arrays."""
-    from kina_fx.ffi import apart_from
+    """The CUDA path's rule (kina_fx.gpu_ops.apart_from), checked with NumPy arrays."""
+    from kina_fx.gpu_ops import apart_from
     buf = np.arange(10.0)
     out, x, far = buf[2:6], buf[4:8], np.arange(4.0)
     copied = apart_from([out], x, np)

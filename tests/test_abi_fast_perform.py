@@ -575,7 +575,7 @@ def test_fiber_getters_report_as_before(mode, host):
     assert host.c.last_error() == "ValidationError: the fiber is suspended; only a finished fiber has a result"
     status = host.lib.kina_resume_fiber(f, 7, host.ffi.NULL)          # out_state may be NULL
     assert status == 0 and host.state(f) == (0, FIBER_DONE) and host.result(f) == (0, 7)
-    assert host.resume(f) == (Status.VALIDATION, FIBER_DONE)
+    assert host.resume(f) == (Status.VALIDATION, -1)     # refused: *out_state untouched (docs/abi.md)
     assert host.c.last_error() == "ValidationError: the fiber is done; only a new or suspended fiber can be resumed"
     assert host.lib.kina_fiber_destroy(f) == 0
 
@@ -603,7 +603,7 @@ def test_cancelled_host_fiber(mode, host):
     assert seen == [(Status.CANCELLED, SENTINEL)]
     assert host.c.last_error() == "Cancelled: the fiber was cancelled"
     assert host.state(g) == (0, FIBER_CANCELLED)
-    assert host.resume(g) == (Status.VALIDATION, FIBER_CANCELLED)
+    assert host.resume(g) == (Status.VALIDATION, -1)     # refused: *out_state untouched (docs/abi.md)
     assert host.c.last_error() == ("ValidationError: the fiber is cancelled; only a new or suspended "
                                    "fiber can be resumed")
     assert host.perform_id(g)[0] == Status.VALIDATION
