@@ -84,6 +84,20 @@ def handler_run_trivial(n):
         h.run(body)
 
 
+def abort_run(n):
+    # A clause that returns without resuming: the body's cleanup runs before
+    # run() returns (docs/effects.md, "Abort cleanup").
+    h = Handler(on={E: lambda k, x: x})
+
+    def body():
+        try:
+            perform(E, 1)
+        finally:
+            pass
+    for _ in range(n):
+        h.run(body)
+
+
 def forwarding(levels):
     def bench(n):
         def body():
@@ -108,6 +122,9 @@ def main():
     rows.append(("`on` perform+resume vs raw greenlet round trip", on, switch, 1.5))
     run = per_op(handler_run_trivial, N // 4)
     rows.append(("`Handler.run` of a trivial body vs greenlet create+finish", run, create, None))
+    abort = per_op(abort_run, N // 4)
+    rows.append(("`Handler.run` of a body whose clause aborts it vs greenlet create+finish",
+                 abort, create, None))
     base_fwd = per_op(forwarding(0))
     fwd = {lv: per_op(forwarding(lv)) for lv in (1, 2, 4, 8)}
     print(f"Python {sys.version.split()[0]}; medians of {REPEATS} runs\n")

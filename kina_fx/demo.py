@@ -137,6 +137,9 @@ def main(argv=None) -> int:
             print(f"  skipped: {exc}")
         else:
             demo_mlp.main([])
+            print("\n== 4. differentiable compiled code: the same MLP, forward pass in MLIR ==")
+            from . import demo_compiled
+            demo_compiled.main([])
     return 0
 
 

@@ -78,17 +78,21 @@ class Unhandled(KinaError):
     """No handler handles ``effect``; raised at the perform site.
 
     ``payload`` is the tuple of arguments the effect was performed with.
+    ``effect`` is None when the status came from C code
+    (:func:`exception_for` of ``KINA_STATUS_UNHANDLED``), which names no effect
+    object; ``message`` replaces the default text.
     """
 
     status = Status.UNHANDLED
 
-    def __init__(self, effect, payload=()):
+    def __init__(self, effect, payload=(), message=None):
         self.effect = effect
         self.payload = tuple(payload)
-        super().__init__(f"unhandled effect {effect!r} with payload {self.payload!r}")
+        super().__init__(message if message is not None
+                         else f"unhandled effect {effect!r} with payload {self.payload!r}")
 
     def __reduce__(self):
-        return (type(self), (self.effect, self.payload))
+        return (type(self), (self.effect, self.payload, str(self)))
 
 
 class ContinuationAlreadyResumed(ValidationError):
@@ -127,9 +131,17 @@ _CLASS_OF_STATUS = {
 
 
 def exception_for(status: int, message: str) -> KinaError:
-    """The exception a non-zero status from C code stands for (inverse of status_of)."""
+    """The exception a non-zero status from C code stands for (inverse of status_of).
+
+    Every status 1-8 has its class; a code outside the set is an InternalError
+    naming it.
+    """
     try:
-        cls = _CLASS_OF_STATUS[Status(status)]
-    except (ValueError, KeyError):
+        status = Status(status)
+    except ValueError:
         return InternalError(f"status {status}: {message}")
-    return cls(message)
+    if status == Status.UNHANDLED:
+        return Unhandled(None, (), message)
+    if status == Status.SUCCESS:
+        return InternalError(f"status 0 is not a failure: {message}")
+    return _CLASS_OF_STATUS[status](message)

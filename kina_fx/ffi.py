@@ -1,40 +1,45 @@
-"""The Python side of libkina_fx.so's C exports: argument checks and error translation.
+"""The Python side of libkina_fx.so's C exports: binding the callbacks, error translation.
 
 libkina_fx.so (built from ``kina_fx/_native``) exports hand-written C wrappers;
 each starts Python if needed and calls a static ``extern "Python"`` callback.
 :func:`attach` runs inside the library's embedded module at start-up and binds
-every callback to the function of the same name in :data:`CALLBACKS` with
-``@ffi.def_extern(error=INTERNAL, onerror=...)``: an exception becomes its
-status code (:func:`kina_fx.errors.status_of`) and its message goes to the
-thread-local ``kina_last_error``.  Nothing unwinds into C and nothing is printed.
+every callback to the function of the same name in one of the callback modules
+(:data:`CALLBACK_MODULES`) with ``@ffi.def_extern(error=INTERNAL, onerror=...)``:
+an exception becomes its status code (:func:`kina_fx.errors.status_of`) and its
+message goes to the thread-local ``kina_last_error``.  Nothing unwinds into C
+and nothing is printed.
 
-This module only translates between C and Python: descriptors become arrays in
-:mod:`kina_fx.memref`, the ops run in :mod:`kina_fx.gpu_ops`.
+The ffi layer only translates between C and Python: :mod:`kina_fx.ffi_effects`
+for the effects ABI, :mod:`kina_fx.ffi_memref` for the memref allocator,
+:mod:`kina_fx.ffi_ops` for the copy and compute exports (one callback per row of
+the runtime op table; descriptors become arrays in :mod:`kina_fx.memref`, the
+ops run in :mod:`kina_fx.gpu_ops`) and :mod:`kina_fx.ffi_tapes` for the tape ABI.
 
 :func:`load_library` opens the built library from Python (ABI mode), as the
 in-process tests and benchmarks do.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 from typing import Any, Tuple
 
-import numpy as np
-
-from . import ffi_effects, gpu_ops, memref
-from .errors import GpuError, InternalError, Status, ValidationError, status_of
-
-F32 = np.dtype(np.float32)
-F16 = np.dtype(np.float16)
-I64 = np.dtype(np.int64)
+from .errors import GpuError, InternalError, Status, status_of
 
 _lib = None  # the embedded module's lib, once attached
 
-# Memoised descriptor -> view caches of the CPU path, one per dtype and role.
-_VIEWS = {(dt, out): memref.ViewCache(dt, out) for dt in (F32, F16, I64) for out in (False, True)}
-_F32_IN = _VIEWS[(F32, False)].view
-_F32_OUT = _VIEWS[(F32, True)].view
+# The callback modules, each with a CALLBACKS dict (Python callback name ->
+# function).  "eager" ones are imported and bound by attach(); "lazy" ones on
+# the first call of one of the C table's callbacks that no eager module has,
+# so that a host using only the effects ABI never imports NumPy (the memref
+# runtime's modules do).  A new group of exports adds its module here.
+CALLBACK_MODULES = {
+    "kina_fx.ffi_effects": "eager",
+    "kina_fx.ffi_memref": "lazy",
+    "kina_fx.ffi_ops": "lazy",
+    "kina_fx.ffi_tapes": "lazy",
+}
 
 
 # ---- error translation -----------------------------------------------------------
@@ -52,150 +57,53 @@ def status_and_message(exc: BaseException) -> tuple[int, str]:
     return status, f"{type(exc).__name__}: {exc}"
 
 
+_last = threading.local()
+
+
 def _onerror(exc_type, exc_value, _traceback):
     """cffi's onerror hook: record the message and return the status (never raises)."""
     try:
-        status, message = status_and_message(exc_value if exc_value is not None else exc_type())
+        exc = exc_value if exc_value is not None else exc_type()
+        status, message = status_and_message(exc)
         _lib.kina__set_last_error(message.encode("utf-8", "replace")[:1000])
+        _last.failure = (status, exc.with_traceback(None))
         return status
     except BaseException:  # even formatting failed: still a code, never a traceback
         return int(Status.INTERNAL)
 
 
-# ---- arguments -----------------------------------------------------------------
+def take_last_exception(status: int) -> BaseException | None:
+    """The exception behind the last failed export on this thread, if it gave ``status``.
 
-def _check_device_ordinal(ordinal: int) -> None:
-    count = 1
-    if gpu_ops.device() == "cuda":
-        count = gpu_ops.cupy_module().cuda.runtime.getDeviceCount()
-    if not 0 <= ordinal < count:
-        raise ValidationError(f"device {ordinal} out of range: {count} device(s) "
-                              f"on the {gpu_ops.device()} backend")
-
-
-class _Operands:
-    """Arrays for one call's memrefs on the selected backend.
-
-    CPU: zero-copy NumPy views (memoised, :class:`memref.ViewCache`).
-    CUDA: zero-copy CuPy views of device/managed memory; host memory the device
-    cannot address is staged, and staged outputs are written back by
-    :meth:`finish`.
-    """
-
-    __slots__ = ("xp", "_write_backs")
-
-    def __init__(self):
-        self.xp = gpu_ops.backend()
-        self._write_backs = []
-
-    def get(self, ptr, dtype, name, output=False):
-        if self.xp is np:
-            return _VIEWS[(dtype, output)].view(ptr, name)
-        d = memref.read_descriptor(ptr, name)
-        if output:
-            memref.check_output_layout(d, name)
-        arr = memref.cupy_view(d, dtype, self.xp, name)
-        if arr is None:
-            arr, write_back = memref.host_staged(d, dtype, self.xp, name)
-            if output:
-                self._write_backs.append(write_back)
-        return arr
-
-    def finish(self):
-        gpu_ops.synchronize(self.xp)
-        for write_back in self._write_backs:
-            write_back()
+    For Python code that called compiled code, which called the library: it
+    re-raises the original exception (a :class:`kina_fx.memory_tape.TapeError`,
+    say) rather than the generic class of its status.  Taken once."""
+    failure = getattr(_last, "failure", None)
+    _last.failure = None
+    if failure is None or failure[0] != status:
+        return None
+    return failure[1]
 
 
-# ---- the callbacks (one per KINA_EXPORTS line of kina_runtime.c) ------------------
-
-def _copy(dst, src, dtype):
-    ops = _Operands()
-    d = ops.get(dst, dtype, "dst", output=True)
-    s = ops.get(src, dtype, "src")
-    if d.shape != s.shape:
-        raise ValidationError(f"copy: dst shape {d.shape} differs from src shape {s.shape}")
-    d[...] = s
-    ops.finish()
-    return 0
-
-
-def kina_py_copy_to_device_f32(dst, src, device):
-    _check_device_ordinal(device)
-    return _copy(dst, src, F32)
-
-
-def kina_py_copy_to_device_f16(dst, src, device):
-    _check_device_ordinal(device)
-    return _copy(dst, src, F16)
-
-
-def kina_py_copy_to_host_f32(dst, src):
-    return _copy(dst, src, F32)
-
-
-def kina_py_gpu_matmul_f32(out, a, b):
-    if gpu_ops.device() == "cpu":  # the fast path: cached views, no _Operands object
-        gpu_ops.matmul(_F32_IN(a, "a"), _F32_IN(b, "b"), _F32_OUT(out, "out"))
-        return 0
-    ops = _Operands()
-    o = ops.get(out, F32, "out", output=True)
-    gpu_ops.matmul(ops.get(a, F32, "a"), ops.get(b, F32, "b"), o)
-    ops.finish()
-    return 0
-
-
-def kina_py_gpu_gather_f32(out, values, indices):
-    ops = _Operands()
-    o = ops.get(out, F32, "out", output=True)
-    gpu_ops.gather(ops.get(values, F32, "values"), ops.get(indices, I64, "indices"), o)
-    ops.finish()
-    return 0
-
-
-def kina_py_gpu_softmax_f32(out, x, axis):
-    ops = _Operands()
-    o = ops.get(out, F32, "out", output=True)
-    gpu_ops.softmax(ops.get(x, F32, "x"), axis, o)
-    ops.finish()
-    return 0
-
-
-def kina_py_gpu_repeat_interleave_f32(out, x, axis, reps):
-    ops = _Operands()
-    o = ops.get(out, F32, "out", output=True)
-    gpu_ops.repeat_interleave(ops.get(x, F32, "x"), reps, axis, o)
-    ops.finish()
-    return 0
-
-
-def kina_py_gpu_alloc_unranked(ptr, element_size):
-    nbytes = memref.allocation_bytes(ptr, element_size, "memref")
-    address = gpu_ops.allocate(nbytes, memref.ALIGNMENT)
-    memref.clear_caches()
-    memref.write_allocation(ptr, address, element_size, "memref")
-    return 0
-
-
-def kina_py_gpu_free_all():
-    memref.clear_caches()
-    gpu_ops.free_all()
-    return 0
-
-
-CALLBACKS = {name: fn for name, fn in globals().items() if name.startswith("kina_py_")}
-
+# ---- binding the callbacks -----------------------------------------------------------
 
 def attach(ffi: Any, lib: Any) -> None:
     """Bind every ``extern "Python"`` callback of the embedded module (run by its init code).
 
-    Raises InternalError if the C table names a callback this module lacks, so
-    the library reports 5 instead of cffi's silent 0.
+    Callbacks of the eager modules are bound to their functions; every other
+    name of the C table to a stub that finds its function in the lazy modules
+    on its first call.  Every name gets a function, so cffi's silent 0 for an
+    unbound callback cannot happen: a name that no module has fails each of
+    its calls with InternalError (status 5).  tests/test_abi_header.py checks
+    that the modules cover the C table.
     """
     global _lib
     _lib = lib
-    callbacks = dict(CALLBACKS)
-    callbacks.update(ffi_effects.attach(ffi))
+    callbacks = {}
+    for module, when in CALLBACK_MODULES.items():
+        if when == "eager":
+            mod = importlib.import_module(module)
+            callbacks.update(mod.attach(ffi, _onerror) if hasattr(mod, "attach") else mod.CALLBACKS)
     names = []
     i = 0
     while True:
@@ -204,27 +112,55 @@ def attach(ffi: Any, lib: Any) -> None:
             break
         names.append(ffi.string(name).decode())
         i += 1
-    missing = [n for n in names if n not in callbacks]
-    if missing:
-        raise InternalError(f"kina_fx.ffi has no callback for {missing}")
     for name in names:
-        ffi.def_extern(name=name, error=int(Status.INTERNAL), onerror=_onerror)(callbacks[name])
+        fn = callbacks.get(name) or _lazy_callback(name)
+        ffi.def_extern(name=name, error=int(Status.INTERNAL), onerror=_onerror)(fn)
+
+
+def _lazy_callback(name: str):
+    """A callback that imports the lazy modules on its first call and then
+    forwards to ``name`` there.  (It stays the bound function: cffi must not
+    rebind a callback from inside that callback.)"""
+    target = None
+
+    def callback(*args):
+        nonlocal target
+        if target is None:
+            target = _find_lazy(name)
+        return target(*args)
+
+    callback.__name__ = callback.__qualname__ = name
+    return callback
+
+
+# Host threads may make their first calls at the same moment: the lazy imports
+# are made one thread at a time.  (Concurrent first imports from threads that
+# C created raise a spurious KeyError inside importlib on CPython 3.11.)
+_lazy_lock = threading.Lock()
+
+
+def _find_lazy(name: str):
+    with _lazy_lock:
+        return _find_lazy_locked(name)
+
+
+def _find_lazy_locked(name: str):
+    for module, when in CALLBACK_MODULES.items():
+        if when == "lazy":
+            fn = importlib.import_module(module).CALLBACKS.get(name)
+            if fn is not None:
+                return fn
+    raise InternalError(f"kina_fx.ffi has no callback for {name!r}")
 
 
 # ---- loading the library from Python -------------------------------------------
 
 #: The C declarations of kina_fx.h that Python callers need (ABI mode).
-CDEF = """
+_BASE_CDEF = """
 typedef struct { int64_t rank; void *descriptor; } kina_unranked_memref_t;
+typedef uint64_t kina_tape_t;
 int32_t kina_abi_version(void);
 const char *kina_last_error(void);
-int32_t _mlir_ciface_runtime_copy_to_device_f32(kina_unranked_memref_t *, kina_unranked_memref_t *, int32_t);
-int32_t _mlir_ciface_runtime_copy_to_device_f16(kina_unranked_memref_t *, kina_unranked_memref_t *, int32_t);
-int32_t _mlir_ciface_runtime_copy_to_host_f32(kina_unranked_memref_t *, kina_unranked_memref_t *);
-int32_t _mlir_ciface_runtime_gpu_matmul_f32(kina_unranked_memref_t *, kina_unranked_memref_t *, kina_unranked_memref_t *);
-int32_t _mlir_ciface_runtime_gpu_gather_f32(kina_unranked_memref_t *, kina_unranked_memref_t *, kina_unranked_memref_t *);
-int32_t _mlir_ciface_runtime_gpu_softmax_f32(kina_unranked_memref_t *, kina_unranked_memref_t *, int32_t);
-int32_t _mlir_ciface_runtime_gpu_repeat_interleave_f32(kina_unranked_memref_t *, kina_unranked_memref_t *, int32_t, int32_t);
 int32_t _mlir_ciface_runtime_gpu_alloc_unranked(kina_unranked_memref_t *, int32_t);
 int32_t runtime_gpu_free_all(void);
 typedef uint64_t kina_fiber_t;
@@ -244,6 +180,23 @@ int32_t kina_perform(int32_t effect, const int64_t *args, int32_t nargs, int64_t
 int32_t kina_push_handler(kina_handler_fn fn, void *ctx, const int32_t *effects, int32_t neffects, kina_handler_t *out_handler);
 int32_t kina_pop_handler(kina_handler_t handler);
 """
+
+
+def cdef() -> str:
+    """Every C declaration of kina_fx.h that Python callers need (``ffi.CDEF``).
+
+    Built on first use: the op exports' declarations come from the op table,
+    whose modules import NumPy."""
+    from . import ffi_ops, ffi_tapes
+
+    return _BASE_CDEF + ffi_ops.cdef() + ffi_tapes.CDEF
+
+
+def __getattr__(name):
+    if name == "CDEF":
+        return cdef()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _loaded = None
 _load_lock = threading.Lock()
@@ -274,6 +227,6 @@ def load_library() -> Tuple[Any, Any]:
             if not os.path.exists(path):
                 raise InternalError(f"{path} is missing: reinstall kina_fx (pip install -e .) to build it")
             c = cffi.FFI()
-            c.cdef(CDEF)
+            c.cdef(cdef())
             _loaded = (c, c.dlopen(path))
         return _loaded

@@ -21,7 +21,8 @@ import threading
 import weakref
 
 from . import handlers
-from .errors import KinaTypeError, ValidationError, exception_for
+from .errors import KinaTypeError, Status, ValidationError, exception_for
+from .fibers import data_type
 from .handlers import Effect, Handler, Stepper
 
 _ffi = None   # the embedded module's ffi, set by attach()
@@ -29,8 +30,9 @@ _ffi = None   # the embedded module's ffi, set by attach()
 MAX_ARGS = 16                 # KINA_MAX_ARGS in kina_fx.h
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
-# What a kina_handler_fn returns besides a positive status (kina_fx.h).
+# What a kina_handler_fn returns besides a status in [1, LAST_STATUS] (kina_fx.h).
 HANDLED, FORWARD, SUSPEND = 0, -1, -2
+LAST_STATUS = max(Status)
 
 # kina_fiber_state values (kina_fx.h KINA_FIBER_*), from Stepper.state.
 FIBER_STATES = {Stepper.NEW: 0, Stepper.RUNNING: 1, Stepper.SUSPENDED: 2,
@@ -62,6 +64,19 @@ class HandleTable:
         self._free = []
         self._collected = []      # slots whose weakly held object died
         self._lock = threading.Lock()
+        self._mirror = None       # the C fast paths' view of these handles (mirror_to)
+
+    def mirror_to(self, mirror) -> None:
+        """Keep ``mirror`` (``note(handle, obj)``, ``forget(handle)``,
+        ``forget_all()``: the C fast paths' view, from handlers.bind_c_abi) up
+        to date with every live handle from now on; None stops."""
+        with self._lock:
+            self._mirror = mirror
+            if mirror is not None:
+                mirror.forget_all()
+                for index, (generation, obj) in enumerate(self._slots):
+                    if obj is not None:
+                        mirror.note(self._handle(index, generation), obj)
 
     def add(self, obj) -> int:
         if self.weak:
@@ -84,7 +99,13 @@ class HandleTable:
                 self._slots.append(slot)
             if self.weak:
                 obj.slot = index
-            return (self.kind << 56) | (slot[0] << 32) | (index + 1)
+            handle = self._handle(index, slot[0])
+            if self._mirror is not None:
+                self._mirror.note(handle, obj)
+            return handle
+
+    def _handle(self, index: int, generation: int) -> int:
+        return (self.kind << 56) | (generation << 32) | (index + 1)
 
     def _on_collect(self, ref) -> None:
         # Runs wherever the collector runs: only record it (list.append is
@@ -97,7 +118,7 @@ class HandleTable:
         if handle <= 0 or kind != self.kind:
             raise ValidationError(f"{handle:#x} is not a {self.what} handle")
         if not 0 <= index < len(self._slots):
-            raise ValidationError(f"{handle:#x} is not a live {self.what} handle")
+            raise ValidationError(f"{handle:#x} is not a {self.what} handle (no such slot)")
         slot = self._slots[index]
         obj = slot[1]
         if self.weak and obj is not None:
@@ -113,6 +134,8 @@ class HandleTable:
     def remove(self, handle: int) -> None:
         with self._lock:
             index, slot, _ = self._locate(handle)
+            if self._mirror is not None:
+                self._mirror.forget(handle)
             slot[1] = None
             self._free.append(index)
 
@@ -147,9 +170,6 @@ def _args_from_c(args, nargs) -> tuple:
     return tuple(args[0:nargs])
 
 
-_effects_by_id = Effect._by_id      # the interned effects, by id (index 0 unused)
-
-
 def _effect(effect_id: int) -> Effect:
     return Effect.lookup(int(effect_id))
 
@@ -172,19 +192,20 @@ class CHandler(Handler):
         self.thread = handlers.thread_token()
 
 
-class CClause:
+class CClause(data_type("CClauseData", ("fn", "ctx", "effect", "effect_id", "fn_address",
+                                        "ctx_address", "_buffers"))):
     """The ``fun`` clause of a :class:`CHandler` for one effect: calling it
     calls the C handler ``fn(ctx, effect.id, args, nargs, &out)`` in place.
 
     It is a class (not a closure) so that the compiled ``kina_perform`` fast
-    path (``kina_fast_perform`` in kina_fx/_native/speedups.c) can recognise
+    path (``kina_fast_perform`` in kina_fx/_native/speedups_c_abi.c) can recognise
     it and call the C function itself, without entering Python: it reads
     ``fn_address``, ``ctx_address`` and ``effect_id``, and calls
     :meth:`_outcome` for what it does not answer in C (``KINA_SUSPEND``,
     error statuses), so both paths behave the same.
     """
 
-    __slots__ = ("fn", "ctx", "effect", "effect_id", "fn_address", "ctx_address", "_buffers")
+    __slots__ = ()
 
     def __init__(self, fn, ctx, effect):
         self.fn = fn
@@ -224,6 +245,10 @@ class CClause:
             return handlers.FORWARD
         if rc == SUSPEND:
             return handlers.suspend_to_host(self.effect, *args)
+        if not 0 < rc <= LAST_STATUS:
+            raise ValidationError(
+                f"the C handler for {self.effect.name} returned {rc}, which is not a handler "
+                f"result (KINA_HANDLED 0, KINA_FORWARD -1, KINA_SUSPEND -2 or a status 1-{LAST_STATUS})")
         raise exception_for(rc, f"the C handler for {self.effect.name} failed with status {rc}")
 
     def __repr__(self):
@@ -243,7 +268,7 @@ def kina_py_effect_id(name, out_id):
 def kina_py_perform(effect, args, nargs, out_value):
     if not out_value:
         raise ValidationError("out_value is NULL")
-    eff = _effects_by_id[effect] if 0 < effect < len(_effects_by_id) else _effect(effect)
+    eff = _effect(effect)
     value = handlers.perform(eff, *(args[0:nargs] if 0 < nargs <= MAX_ARGS and args
                                     else _args_from_c(args, nargs)))
     out_value[0] = value if type(value) is int and INT64_MIN <= value <= INT64_MAX else \
@@ -299,8 +324,21 @@ def _report(stepper, out_state) -> int:
     return 0
 
 
+# A RUNNING fiber is one whose kina_resume_fiber has not returned: the caller
+# itself, one of its resumers, or a fiber whose perform suspended a fiber
+# further out (it runs on when that one is resumed).
+_RUNNING = ("the fiber is running: its kina_resume_fiber has not returned (it is the caller "
+            "or a resumer of the caller, or its perform suspended a fiber further out: "
+            "resume that one)")
+
+
 def kina_py_resume_fiber(handle, value, out_state):
     stepper = _fiber(handle)
+    # A refused call leaves *out_state untouched, as every failed call leaves its outputs.
+    if stepper.state == Stepper.RUNNING:
+        raise ValidationError(f"{_RUNNING}; it cannot be resumed")
+    if stepper.state not in (Stepper.NEW, Stepper.SUSPENDED):
+        raise ValidationError(f"the fiber is {stepper.state}; only a new or suspended fiber can be resumed")
     try:
         stepper.step(int(value))
     finally:
@@ -348,20 +386,20 @@ def kina_py_fiber_result(handle, out_value):
 
 
 def kina_py_cancel_fiber(handle, out_state):
+    _require(out_state, "out_state")
     stepper = _fiber(handle)
     if stepper.state == Stepper.RUNNING:
-        raise ValidationError("the fiber is running; it cannot be cancelled from inside itself")
+        raise ValidationError(f"{_RUNNING}; it cannot be cancelled")
     if stepper.state in (Stepper.NEW, Stepper.SUSPENDED):
         stepper.cancel()
-    if out_state:
-        out_state[0] = FIBER_STATES[stepper.state]
+    out_state[0] = FIBER_STATES[stepper.state]
     return 0
 
 
 def kina_py_fiber_destroy(handle):
     stepper = _fiber(handle)
     if stepper.state == Stepper.RUNNING:
-        raise ValidationError("the fiber is running; destroy it after it suspends or finishes")
+        raise ValidationError(f"{_RUNNING}; destroy it after it suspends or finishes")
     if stepper.state in (Stepper.NEW, Stepper.SUSPENDED):
         stepper.cancel()
     fiber_handles.remove(handle)
@@ -371,7 +409,10 @@ def kina_py_fiber_destroy(handle):
 CALLBACKS = {name: fn for name, fn in globals().items() if name.startswith("kina_py_")}
 
 
-# ---- the compiled kina_perform fast path (kina_fast_perform in speedups.c) ----------
+# ---- the compiled kina_perform fast path (kina_fast_perform in speedups_c_abi.c) ----------
+
+_onerror = None  # kina_fx.ffi's error hook, set by attach()
+
 
 def _answer_to_int64(effect, value) -> int:
     """kina_py_perform's conversion of a perform's answer, for the fast path."""
@@ -380,28 +421,24 @@ def _answer_to_int64(effect, value) -> int:
 
 def _report_error(exc) -> int:
     """The status of an exception raised in the fast path, with kina_last_error
-    set: what cffi's onerror hook (kina_fx.ffi._onerror) does for kina_py_perform."""
-    from . import ffi
-    return ffi._onerror(type(exc), exc, exc.__traceback__)
+    set: what cffi's onerror hook does for kina_py_perform."""
+    return _onerror(type(exc), exc, exc.__traceback__)
 
 
 def _bind_fast_path() -> bool:
-    """Let kina_perform answer C handlers without entering Python: only when the
-    compiled perform is the one in use (not with KINA_FX_PURE_PYTHON=1)."""
-    speedups = getattr(handlers, "_speedups", None)
-    if speedups is None or handlers.perform is not getattr(speedups, "perform", None) \
-            or not hasattr(speedups, "_bind_c_abi"):
-        return False
-    try:
-        speedups._bind_c_abi(CClause, _effects_by_id, _answer_to_int64, _report_error)
-    except (TypeError, AttributeError):    # a stale build: the slow path still works
-        return False
-    return True
+    """Turn on the C fast paths of kina_perform and the host fibers (only when
+    the compiled perform is the one in use, not with KINA_FX_PURE_PYTHON=1)."""
+    mirror = handlers.bind_c_abi(CClause, _answer_to_int64, _report_error)
+    fiber_handles.mirror_to(mirror)
+    return mirror is not None
 
 
-def attach(ffi) -> dict:
-    """Remember the embedded module's ffi; return the callbacks to attach."""
-    global _ffi
+def attach(ffi, onerror) -> dict:
+    """Remember the embedded module's ffi and kina_fx.ffi's error hook
+    (``onerror(exc_type, exc, traceback) -> status``, the one cffi calls for
+    these callbacks); return the callbacks to attach."""
+    global _ffi, _onerror
     _ffi = ffi
+    _onerror = onerror
     _bind_fast_path()
     return CALLBACKS

@@ -30,8 +30,11 @@ from __future__ import annotations
 
 import contextvars
 import itertools
+import os
 import sys
 import threading
+import types
+import warnings
 import weakref
 from typing import Any, Callable, Optional, Tuple
 
@@ -40,7 +43,7 @@ from greenlet import GreenletExit, getcurrent, greenlet
 from .errors import InternalError, Status, WrongThread
 
 __all__ = ["Fiber", "Chain", "Unwind", "current", "new_fiber", "switch_into", "post",
-           "suspend", "unwind", "check_owner", "thread_token", "RETURNED", "RAISED"]
+           "suspend", "unwind", "check_owner", "thread_token", "data_type", "RETURNED", "RAISED"]
 
 # Kinds of message a fiber sends to the fiber that resumed it when it stops.
 # The effects layer adds its own kind (an effect was performed); this module
@@ -54,6 +57,54 @@ RAISED = "raised"
 POOL_LIMIT = 256
 
 
+# --- the protocol's data ---------------------------------------------------------
+#
+# The fields of the protocol's types (Fiber, ThreadState, Chain here; Handler,
+# Continuation, Stepper... in handlers.py) are owned by the C core,
+# kina_fx._speedups, when it is in use: its C code then reads and writes them
+# as struct fields, never a Python class's layout.  The classes below derive
+# from data_type(...) and add methods only, so the same Python code runs on
+# either layout.  KINA_FX_PURE_PYTHON=1 keeps the plain __slots__ classes.
+
+
+def _load_core():
+    if os.environ.get("KINA_FX_PURE_PYTHON") == "1":
+        return None
+    try:
+        from . import _speedups
+    except ImportError:              # not built (no compiler at install time)
+        return None
+    return _speedups
+
+
+_core = _load_core()
+
+
+def data_type(name: str, fields: tuple, base: type = object) -> type:
+    """The fields of one of the protocol's types, as a class to derive from.
+
+    The C core's type ``name`` when kina_fx._speedups is in use (and declares
+    exactly these fields, ``"__weakref__"`` meaning weak references), else a
+    plain class with ``__slots__ = fields`` deriving from ``base``.
+    """
+    if _core is not None:
+        core = getattr(_core, name, None)
+        if core is not None and _core_fields(core) == (set(fields), "__weakref__" in fields) \
+                and issubclass(core, base):
+            return core
+        warnings.warn(f"kina_fx._speedups.{name} does not fit this kina_fx (a stale build?); "
+                      "using a Python class", RuntimeWarning, stacklevel=2)
+    return type(name, (base,), {"__slots__": fields, "__module__": __name__})
+
+
+def _core_fields(core) -> tuple:
+    names = {n for n, v in vars(core).items()
+             if isinstance(v, (types.MemberDescriptorType, types.GetSetDescriptorType))
+             and n not in ("__weakref__", "__dict__")}
+    weak = core.__weakrefoffset__ != core.__base__.__weakrefoffset__
+    return (names | {"__weakref__"} if weak else names), weak
+
+
 class Unwind(GreenletExit):
     """Thrown into the fibers of a dropped continuation to run their cleanup.
 
@@ -64,7 +115,8 @@ class Unwind(GreenletExit):
     status = Status.CANCELLED
 
 
-class Fiber:
+class Fiber(data_type("FiberData", ("stack", "handler", "shallow", "parent", "thread", "job", "glet",
+                                   "unwinder", "__weakref__"))):
     """One job on a greenlet, with its handler stack.
 
     Attributes:
@@ -81,8 +133,7 @@ class Fiber:
         unwinder: while the fiber is being unwound, the fiber to return to.
     """
 
-    __slots__ = ("stack", "handler", "shallow", "parent", "thread", "job", "glet",
-                 "unwinder", "__weakref__")
+    __slots__ = ()
 
     def __init__(self, job: Optional[Tuple[Callable[..., Any], Optional[Tuple[Any, ...]]]] = None,
                  handler: Any = None, shallow: bool = False, thread: Optional[int] = None) -> None:
@@ -102,21 +153,21 @@ class Fiber:
         return f"<Fiber {state} handler={self.handler!r} at {id(self):#x}>"
 
 
-class Chain:
+class Chain(data_type("ChainData", ("top", "base"))):
     """A suspended chain of fibers ``top -> ... -> base``, resumable once."""
 
-    __slots__ = ("top", "base")
+    __slots__ = ()
 
     def __init__(self, top: Optional[Fiber], base: Optional[Fiber]) -> None:
         self.top = top
         self.base = base
 
 
-class ThreadState:
+class ThreadState(data_type("ThreadStateData", ("serial", "current", "mail", "outbox", "pool",
+                                               "to_start", "trampoline", "dropped", "__weakref__"))):
     """Everything per OS thread: the running fiber, the mailbox, trampoline, pool."""
 
-    __slots__ = ("serial", "current", "mail", "outbox", "pool", "to_start", "trampoline",
-                 "dropped", "__weakref__")
+    __slots__ = ()
 
     def __init__(self) -> None:
         self.serial = next(_serials)  # this thread's token (fibers record it)
@@ -361,7 +412,12 @@ def _run_job(st):
         if args is None:         # Effect.Shallow.fiber: fn receives the start value
             return (RETURNED, fn(send[1]))
         return (RETURNED, fn(*args))
-    except Unwind:
+    except Unwind as exc:
+        if st.current.unwinder is None:
+            # Raised at a perform by a driver aborting an abandoned continuation
+            # (handlers._abort_unless_kept), not by unwind(): this fiber is attached, and
+            # its resumer waits for the outcome like any other.
+            return (RAISED, exc)
         return None
     except BaseException as exc:  # the resumer decides what a failure means
         if isinstance(exc, GreenletExit) and st.current.unwinder is not None:

@@ -217,14 +217,6 @@ def softmax(x, axis=-1, out=None):
     return out
 
 
-def log_softmax(x, axis=-1):
-    """Numerically stable log-softmax along ``axis``."""
-    xp = array_module(x)
-    axis = normalize_axis(axis, x.ndim)
-    shifted = x - x.max(axis=axis, keepdims=True)
-    return shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
-
-
 def repeat_interleave(x, reps: int, axis: int, out=None):
     """Each element of ``x`` repeated ``reps`` times along ``axis`` (torch semantics)."""
     xp = array_module(x)
@@ -245,6 +237,276 @@ def repeat_interleave(x, reps: int, axis: int, out=None):
         out.reshape(split)[...] = xp.expand_dims(x, axis + 1)
     else:
         out[...] = xp.repeat(x, reps, axis=axis)
+    return out
+
+
+# ---- the differentiable runtime's ops (kina_fx.runtime_ops exports them) -------
+#
+# Each kernel computes into ``out`` when given one (the C exports pass the
+# caller's output buffer) and returns a new array otherwise (autograd's
+# kernels call the same functions), so both share one code path per op.
+# Shapes are checked before anything is written.
+
+#: The ``axis`` value that means "every axis" in the reduction exports (INT32_MIN).
+ALL_AXES = -(1 << 31)
+
+
+def _elementwise(fn):
+    def kernel(x, out=None):
+        _check_out(out, x.shape, fn.__name__)
+        return fn(array_module(x), x, out)
+    kernel.__name__ = fn.__name__
+    kernel.__doc__ = fn.__doc__
+    return kernel
+
+
+@_elementwise
+def neg(xp, x, out):
+    """``-x``."""
+    return xp.negative(x, out=out)
+
+
+@_elementwise
+def exp(xp, x, out):
+    """``e**x``."""
+    return xp.exp(x, out=out)
+
+
+@_elementwise
+def log(xp, x, out):
+    """Natural logarithm (``-inf`` at 0, NaN below, as NumPy)."""
+    return xp.log(x, out=out)
+
+
+@_elementwise
+def tanh(xp, x, out):
+    """Hyperbolic tangent."""
+    return xp.tanh(x, out=out)
+
+
+_expit_cache: dict = {}
+
+
+def _expit(xp):
+    """SciPy's (or CuPy's) one-kernel logistic function when installed, else None."""
+    try:
+        return _expit_cache[xp]
+    except KeyError:
+        pass
+    fn = None
+    try:
+        if xp is np:
+            from scipy.special import expit as fn
+        else:
+            from cupyx.scipy.special import expit as fn
+    except Exception:
+        fn = None
+    _expit_cache[xp] = fn
+    return fn
+
+
+@_elementwise
+def sigmoid(xp, x, out):
+    """The logistic function: SciPy's (CuPy's) ``expit`` when installed, else
+    ``0.5 * (1 + tanh(x / 2))``; neither overflows for large ``|x|``."""
+    expit = _expit(xp)
+    if expit is not None:
+        return expit(x) if out is None else expit(x, out=out)
+    r = xp.multiply(x, 0.5, out=out)
+    xp.tanh(r, out=r)
+    xp.multiply(r, 0.5, out=r)
+    xp.add(r, 0.5, out=r)
+    return r
+
+
+@_elementwise
+def relu(xp, x, out):
+    """``max(x, 0)`` (NaN stays NaN)."""
+    return xp.maximum(x, 0, out=out) if out is not None else xp.maximum(x, x.dtype.type(0))
+
+
+def broadcast_shape(a_shape, b_shape, op: str = "broadcast") -> tuple:
+    """NumPy's broadcast of two shapes, or ValidationError naming the op."""
+    a_shape, b_shape = tuple(a_shape), tuple(b_shape)
+    n = max(len(a_shape), len(b_shape))
+    a2 = (1,) * (n - len(a_shape)) + a_shape
+    b2 = (1,) * (n - len(b_shape)) + b_shape
+    shape = []
+    for x, y in zip(a2, b2):
+        if x != y and x != 1 and y != 1:
+            raise ValidationError(f"{op}: shapes {a_shape} and {b_shape} do not broadcast")
+        shape.append(y if x == 1 else x)
+    return tuple(shape)
+
+
+def _binary(fn):
+    name = fn.__name__
+
+    def kernel(a, b, out=None):
+        if out is not None:
+            _check_out(out, broadcast_shape(getattr(a, "shape", ()), getattr(b, "shape", ()), name),
+                       name)
+        return fn(array_module(a, b), a, b, out)
+    kernel.__name__ = name
+    kernel.__doc__ = fn.__doc__
+    return kernel
+
+
+@_binary
+def add(xp, a, b, out):
+    """``a + b`` with NumPy broadcasting."""
+    return xp.add(a, b, out=out)
+
+
+@_binary
+def sub(xp, a, b, out):
+    """``a - b`` with NumPy broadcasting."""
+    return xp.subtract(a, b, out=out)
+
+
+@_binary
+def mul(xp, a, b, out):
+    """``a * b`` with NumPy broadcasting."""
+    return xp.multiply(a, b, out=out)
+
+
+@_binary
+def div(xp, a, b, out):
+    """``a / b`` with NumPy broadcasting (IEEE results for division by zero)."""
+    return xp.divide(a, b, out=out)
+
+
+@_binary
+def power(xp, a, b, out):
+    """``a ** b`` with NumPy broadcasting."""
+    return xp.power(a, b, out=out)
+
+
+def reduced_shape(shape, axis, keepdims: bool) -> tuple:
+    """The shape of a reduction of ``shape`` over ``axis`` (None: all axes)."""
+    shape = tuple(shape)
+    if axis is None:
+        return (1,) * len(shape) if keepdims else ()
+    ax = normalize_axis(axis, len(shape))
+    return shape[:ax] + ((1,) if keepdims else ()) + shape[ax + 1:]
+
+
+def _reduction(fn):
+    name = fn.__name__
+
+    def kernel(x, axis=None, keepdims=False, out=None):
+        op = name.removeprefix("reduce_")
+        if axis == ALL_AXES:
+            axis = None
+        if keepdims not in (0, 1, False, True):
+            raise ValidationError(f"{op}: keepdims must be 0 or 1, not {keepdims}")
+        keepdims = bool(keepdims)
+        shape = reduced_shape(x.shape, axis, keepdims)
+        _check_out(out, shape, op)
+        r = fn(array_module(x), x, axis, keepdims)
+        if out is None:
+            return r
+        out[...] = r
+        return out
+    kernel.__name__ = name
+    kernel.__doc__ = fn.__doc__
+    return kernel
+
+
+@_reduction
+def reduce_sum(xp, x, axis, keepdims):
+    """Sum over one axis or all axes (0 over an empty one)."""
+    return x.sum(axis=axis, keepdims=keepdims)
+
+
+@_reduction
+def reduce_mean(xp, x, axis, keepdims):
+    """Mean over one axis or all axes; an empty reduction is a ValidationError."""
+    count = x.size if axis is None else x.shape[normalize_axis(axis, x.ndim)]
+    if count == 0:
+        raise ValidationError(f"mean over an empty axis of shape {tuple(x.shape)}")
+    return x.mean(axis=axis, keepdims=keepdims)
+
+
+@_reduction
+def reduce_max(xp, x, axis, keepdims):
+    """Maximum over one axis or all axes; an empty reduction is a ValidationError."""
+    count = x.size if axis is None else x.shape[normalize_axis(axis, x.ndim)]
+    if count == 0:
+        raise ValidationError(f"max over an empty axis of shape {tuple(x.shape)}")
+    return x.max(axis=axis, keepdims=keepdims)
+
+
+def check_permutation(perm, ndim: int) -> tuple:
+    """``perm`` as a tuple of ints if it is a permutation of ``range(ndim)``, else ValidationError."""
+    perm = tuple(int(p) for p in perm)
+    if sorted(perm) != list(range(ndim)):
+        raise ValidationError(f"transpose: {list(perm)} is not a permutation of the {ndim} axes")
+    return perm
+
+
+def transpose(x, perm=None, out=None):
+    """``x`` with its axes permuted (``perm`` None: reversed)."""
+    perm = tuple(reversed(range(x.ndim))) if perm is None else check_permutation(perm, x.ndim)
+    shape = tuple(x.shape[p] for p in perm)
+    _check_out(out, shape, "transpose")
+    r = x.transpose(perm)
+    if out is None:
+        return r
+    out[...] = r
+    return out
+
+
+def log_softmax(x, axis=-1, out=None):
+    """Numerically stable log-softmax along ``axis``."""
+    xp = array_module(x)
+    axis = normalize_axis(axis, x.ndim)
+    _check_out(out, x.shape, "log_softmax")
+    if x.size == 0:
+        return xp.empty_like(x) if out is None else out
+    shifted = x - x.max(axis=axis, keepdims=True)
+    r = shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
+    if out is None:
+        return r
+    out[...] = r
+    return out
+
+
+def check_cross_entropy(logits, labels) -> None:
+    """ValidationError unless ``cross_entropy(logits, labels)`` is defined."""
+    if logits.ndim < 1:
+        raise ValidationError("cross_entropy needs logits of rank >= 1")
+    if labels.dtype.kind not in "iu":
+        raise ValidationError(f"cross_entropy needs integer labels, not {labels.dtype}")
+    if tuple(labels.shape) != tuple(logits.shape[:-1]):
+        raise ValidationError(f"cross_entropy: labels of shape {tuple(labels.shape)} "
+                              f"for logits of shape {tuple(logits.shape)}")
+    classes = logits.shape[-1]
+    if labels.size == 0:
+        raise ValidationError("cross_entropy of an empty batch")
+    if classes == 0:
+        raise ValidationError("cross_entropy needs at least one class")
+    lo, hi = int(labels.min()), int(labels.max())
+    if lo < 0 or hi >= classes:
+        raise ValidationError(f"cross_entropy label {lo if lo < 0 else hi} out of range [0, {classes})")
+
+
+def cross_entropy(logits, labels, out=None):
+    """Mean over samples of ``-log_softmax(logits)[label]``, classes on the last axis.
+
+    ``labels`` are integers with shape ``logits.shape[:-1]``, each in
+    ``[0, classes)``; the result is a scalar (a rank-0 ``out``).
+    """
+    xp = array_module(logits, labels)
+    check_cross_entropy(logits, labels)
+    _check_out(out, (), "cross_entropy")
+    classes, n = logits.shape[-1], labels.size
+    flat = log_softmax(logits, -1).reshape(-1, classes)
+    picked = flat[xp.arange(n), labels.reshape(-1)]
+    r = -(picked.sum() / n)
+    if out is None:
+        return r
+    out[...] = r
     return out
 
 

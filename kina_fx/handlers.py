@@ -28,32 +28,51 @@ therefore run in constant stack, however many effects are performed.
 """
 from __future__ import annotations
 
+import gc
 import os
 import re
 import sys
 import threading
+import types
+from typing import (TYPE_CHECKING, Any, Callable, Concatenate, Generic, Iterable, Mapping, Optional,
+                    ParamSpec, Tuple, TypeVar, Union)
 
 from . import fibers, tailcalls
 from .errors import Cancelled, ContinuationAlreadyResumed, Unhandled, ValidationError
-from .fibers import RAISED, RETURNED, Chain, check_owner, local, thread_token
+from .fibers import RAISED, RETURNED, Chain, check_owner, data_type, local, thread_token
 from greenlet import GreenletExit
 
 __all__ = ["Effect", "perform", "Handler", "Continuation", "fiber", "Stepper", "FORWARD",
-           "push_handler", "pop_handler", "suspend_to_host", "thread_token", "check_owner"]
+           "push_handler", "pop_handler", "suspend_to_host", "thread_token", "check_owner",
+           "bind_c_abi"]
 
 PERFORMED = "performed"
+
+# Type parameters (docs/effects.md, "Typed effects"): an Effect[P, R] is
+# performed with arguments P and answers R; a Continuation[R, T] is resumed
+# with an R and returns the handler's result T.
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
 
 
 # --- effects ----------------------------------------------------------------
 
 
-class Effect:
+class Effect(Generic[P, R]):
     """An effect, interned by name: ``Effect("yield") is Effect("yield")``.
 
     ``id`` is a small positive int, stable for the life of the process and
     shared with the C ABI (``kina_effect_id``).  ``default``, when set, is a
     callable that answers the effect in place when no handler handles it
     (instead of raising :class:`Unhandled`).
+
+    For type checkers an effect is generic over its parameters and its answer:
+    ``Ask: Effect[[str], int] = Effect("ask")`` is performed with one ``str``
+    and answers an ``int``; :func:`perform`, ``Ask(...)``, ``Ask.on(clause)``
+    and ``Ask.fun(clause)`` are checked against that (docs/effects.md).  At
+    run time the parameters are not checked and every ``Effect("ask")`` is the
+    same object, whatever it is annotated with.
     """
 
     __slots__ = ("name", "id", "default", "__weakref__")
@@ -61,7 +80,7 @@ class Effect:
     _by_name: dict = {}
     _by_id: list = [None]          # ids start at 1; 0 means "no effect" in C
 
-    def __new__(cls, name: str):
+    def __new__(cls, name: str) -> "Effect[P, R]":
         if not isinstance(name, str) or not name:
             raise ValidationError(f"an effect name must be a non-empty str, not {name!r}")
         effect = cls._by_name.get(name)
@@ -78,7 +97,7 @@ class Effect:
         return effect
 
     @classmethod
-    def lookup(cls, key) -> "Effect":
+    def lookup(cls, key: Union[int, str]) -> "Effect[..., Any]":
         """The effect with this id (int) or name (str); ValidationError if none."""
         if isinstance(key, str):
             effect = cls._by_name.get(key)
@@ -90,9 +109,27 @@ class Effect:
             raise ValidationError(f"no effect with id or name {key!r}")
         return effect
 
-    def __call__(self, *args):
-        """``eff(*args)`` is ``perform(eff, *args)``."""
-        return perform(self, *args)
+    if TYPE_CHECKING:
+        default: Optional[Callable[P, R]]
+        name: str
+        id: int
+
+        def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+    else:
+        def __call__(self, *args):
+            """``eff(*args)`` is ``perform(eff, *args)``."""
+            return perform(self, *args)
+
+    def on(self, clause: Callable[Concatenate["Continuation[R, Any]", P], Any]
+           ) -> Tuple["Effect[P, R]", Callable[..., Any]]:
+        """``(self, clause)``, for ``Handler(on=[...])``: with it a type checker
+        matches the control clause ``clause(k, *args)`` against this effect."""
+        return (self, clause)
+
+    def fun(self, clause: Callable[P, Union[R, "_Forward"]]) -> Tuple["Effect[P, R]", Callable[..., Any]]:
+        """``(self, clause)``, for ``Handler(fun=[...])``: with it a type checker
+        matches the tail-resumptive clause ``clause(*args) -> R`` against this effect."""
+        return (self, clause)
 
     def __repr__(self):
         return f"Effect({self.name!r})"
@@ -120,6 +157,12 @@ class _Forward:
 #: the handlers outside (OCaml's ``effc`` returning ``None``, decided per call).
 FORWARD = _Forward()
 
+
+#: What ``Handler(on=...)`` and ``Handler(fun=...)`` take: a mapping from effects
+#: to clauses, or pairs ``(effect, clause)`` (``Effect.on`` / ``Effect.fun`` make
+#: pairs that type checkers check).
+Clauses = Union[Mapping["Effect[Any, Any]", Callable[..., Any]],
+                Iterable[Tuple["Effect[Any, Any]", Callable[..., Any]]]]
 
 _CALLED_AS = {"on": "clause(k, *args): the continuation, then the arguments of perform",
               "fun": "clause(*args): the arguments of perform"}
@@ -170,7 +213,7 @@ def _explain_clause_error(handler, exc):
                     f"{article} {what!r} clause is called as {_CALLED_AS[what]})",)
 
 
-class Handler:
+class Handler(data_type("HandlerData", ("on", "fun", "ret", "exc"))):
     """A handler: control clauses (``on``), tail-resumptive clauses (``fun``),
     a return clause (``ret``) and an exception clause (``exc``).
 
@@ -184,9 +227,11 @@ class Handler:
       ``BaseException``-only ones (``KeyboardInterrupt``, ``GreenletExit``).
     """
 
-    __slots__ = ("on", "fun", "ret", "exc")
+    __slots__ = ()
 
-    def __init__(self, on=None, fun=None, ret=None, exc=None):
+    def __init__(self, on: Optional[Clauses] = None, fun: Optional[Clauses] = None,
+                 ret: Optional[Callable[[Any], Any]] = None,
+                 exc: Optional[Callable[[Exception], Any]] = None) -> None:
         self.on = _check_clauses(on, "on")
         self.fun = _check_clauses(fun, "fun")
         both = self.on.keys() & self.fun.keys()
@@ -199,7 +244,7 @@ class Handler:
         self.ret = ret
         self.exc = exc
 
-    def run(self, fn, *args):
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` under this handler (deep; OCaml ``match_with``)."""
         try:
             if not self.on and not _stack_is_deep():
@@ -268,11 +313,11 @@ def _pop(entry):
         raise ValidationError(f"{entry!r} is not the innermost handler of this fiber")
 
 
-class _Skip:
+class _Skip(data_type("SkipData", ("fiber", "index"))):
     """Pushed while a ``fun`` clause runs: the search resumes below the handler
     that owns the clause (entry ``index`` of ``fiber``; -1 is its control handler)."""
 
-    __slots__ = ("fiber", "index")
+    __slots__ = ()
 
     def __init__(self, fiber, index):
         self.fiber = fiber
@@ -286,7 +331,7 @@ def _perform_py(effect, *args):
     scope handles ``effect`` and it has no ``default``.
 
     This is the reference implementation; ``perform`` is the compiled copy in
-    kina_fx/_native/speedups.c when that was built (see the end of this module).
+    kina_fx/_native/speedups_perform.c when that was built (see the end of this module).
     """
     st = local.state
     f = st.current
@@ -358,7 +403,12 @@ def _remove_marker(stack, marker):
             return
 
 
-perform = _perform_py
+if TYPE_CHECKING:
+    def perform(effect: Effect[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Perform ``effect`` with ``args``; return the value the handler resumes with."""
+        ...
+else:
+    perform = _perform_py
 
 
 def _suspend_perform(effect, args, found):
@@ -394,7 +444,8 @@ def _suspend_perform(effect, args, found):
 # --- continuations ----------------------------------------------------------
 
 
-class Continuation(Chain):
+class Continuation(Chain, data_type("ContinuationData", ("shallow",), base=Chain.__base__),
+                   Generic[R, T]):
     """A one-shot continuation: the suspended fibers from a perform up to its handler.
 
     Deep continuations (from ``Handler.run``) take ``resume``/``discontinue``;
@@ -405,32 +456,32 @@ class Continuation(Chain):
     blocks and ``with`` exits of the suspended code run.
     """
 
-    __slots__ = ("shallow",)
+    __slots__ = ()
 
     def __init__(self, top, base, shallow=False):
         self.top = top
         self.base = base
         self.shallow = shallow
 
-    def resume(self, value=None):
+    def resume(self, value: R = None) -> T:  # type: ignore[assignment]
         """OCaml ``continue k value``: returns what the handler returns."""
         top = self.top
         if top is None or self.shallow or top.thread != local.state.serial:
             self._check(shallow=False)            # raises the matching error
         return _resume_from(sys._getframe(1), self, (False, value))
 
-    def discontinue(self, exc):
+    def discontinue(self, exc: Union[BaseException, type]) -> T:
         """OCaml ``discontinue k exc``: raise ``exc`` at the perform site."""
         self._check(shallow=False)
         return _resume_from(sys._getframe(1), self, (True, _as_exception(exc)))
 
-    def resume_with(self, value, handler: Handler):
+    def resume_with(self, value: R, handler: Handler) -> Any:
         """OCaml ``Effect.Shallow.continue_with k value handler``."""
         self._check(shallow=True)
         self._install(handler)
         return _resume_from(sys._getframe(1), self, (False, value))
 
-    def discontinue_with(self, exc, handler: Handler):
+    def discontinue_with(self, exc: Union[BaseException, type], handler: Handler) -> Any:
         """OCaml ``Effect.Shallow.discontinue_with k exc handler``."""
         self._check(shallow=True)
         self._install(handler)
@@ -475,13 +526,13 @@ class Continuation(Chain):
         return f"<Continuation {kind} {'used' if self.top is None else 'ready'}>"
 
 
-# The reference resume; the compiled one (speedups.c's rt_resume, a method
+# The reference resume; the compiled one (speedups_round_trip.c's rt_resume, a method
 # descriptor) replaces it on the class unless KINA_FX_PURE_PYTHON=1.
 _resume_py = Continuation.resume
 _del_py = Continuation.__del__
 
 
-def fiber(fn) -> Continuation:
+def fiber(fn: Callable[[Any], Any]) -> "Continuation[Any, Any]":
     """A shallow continuation that, resumed with ``v``, runs ``fn(v)`` (OCaml ``Effect.Shallow.fiber``)."""
     if not callable(fn):
         raise TypeError("fiber() needs a callable")
@@ -515,14 +566,22 @@ _abandoned = []
 def suspend_to_host(effect, *args):
     """From inside a handler clause: suspend the nearest :class:`Stepper` fiber
     outside that handler as if it had caught ``effect`` itself; return the value
-    its owner resumes it with."""
-    return perform(_SUSPEND_TO_HOST, effect, args)
+    its owner resumes it with.  :class:`Unhandled` (naming ``effect``, not the
+    private effect used for it) when no Stepper is outside."""
+    try:
+        return perform(_SUSPEND_TO_HOST, effect, args)
+    except Unhandled as exc:
+        if exc.effect is not _SUSPEND_TO_HOST:
+            raise
+    raise Unhandled(effect, args, f"no fiber to suspend for {effect.name}: its handler asked to "
+                                  "suspend (KINA_SUSPEND) but no kina_fiber_create fiber "
+                                  "(Stepper) is outside the handler")
 
 
-class _Catch:
+class _Catch(data_type("CatchData", ("effects",))):
     """The ``on`` table of a Stepper's handler: which effects suspend the fiber."""
 
-    __slots__ = ("effects",)
+    __slots__ = ()
 
     def __init__(self, effects):
         self.effects = None if effects is None else frozenset(effects)
@@ -535,7 +594,8 @@ class _Catch:
         return iter(self.effects or ())
 
 
-class Stepper:
+class Stepper(data_type("StepperData", ("_handler", "_chain", "state", "effect", "args", "result",
+                                        "error", "thread"))):
     """A fiber its owner drives one step at a time, like a generator.
 
     ``Stepper(fn, *args, catch=None)`` runs ``fn(*args)`` on a new fiber whose
@@ -630,14 +690,14 @@ class Stepper:
 
 # --- the driver loop --------------------------------------------------------
 
-# fibers.switch_into, or its compiled copy (speedups.c's rt_switch_into).
+# fibers.switch_into, or its compiled copy (speedups_round_trip.c's rt_switch_into).
 _switch_into = fibers.switch_into
 
 
-class _TailResume:
+class _TailResume(data_type("TailResumeData", ("chain", "send"))):
     """Handed back by a resume in tail position to the driver that called the clause."""
 
-    __slots__ = ("chain", "send")
+    __slots__ = ()
 
     def __init__(self, chain, send):
         self.chain = chain
@@ -657,7 +717,18 @@ def _drive(chain, send):
         if kind is PERFORMED:
             effect, args, k = payload
             del payload
-            result = handler.on[effect](k, *args)
+            try:
+                result = handler.on[effect](k, *args)
+            except BaseException as exc:
+                if k.top is not None:       # raised without using k: abort it?
+                    box = [k]
+                    del k
+                    _abort_unless_kept(box, handler, exc)
+                raise
+            if k.top is not None:           # returned without using k: abort it?
+                box = [k]
+                del k
+                _abort_unless_kept(box, handler, None)
         elif kind is RETURNED:
             result = payload if handler.ret is None else handler.ret(payload)
         elif kind is RAISED:
@@ -670,13 +741,76 @@ def _drive(chain, send):
         return result
 
 
+def _abort_unless_kept(box, handler, exc):
+    """Eager abort: called by the driver loop (this module's and speedups.c's)
+    when ``handler``'s clause returned, or raised ``exc``, without resuming or
+    discontinuing its continuation ``k``, the only item of ``box`` (the
+    driver's own reference is already gone).
+
+    A ``k`` that is still referenced from anywhere else (a scheduler's queue, a
+    closure, a variable of the caller) is kept: nothing happens.  Otherwise
+    the body is aborted now, before the handler's result or exception reaches
+    the caller: :class:`~kina_fx.fibers.Unwind` is raised at the perform, with
+    the chain resumed under this very driver, so its ``finally`` blocks and
+    ``with`` exits run and the effects they perform reach the same handlers as
+    the rest of the body.  If that cleanup raises, its exception replaces the
+    clause's result or exception (which becomes its ``__context__``), as a
+    ``finally`` block's exception does in Python.  What the aborted body
+    returns, if it catches the Unwind, is discarded.
+    """
+    k = box.pop()
+    # References: ``k`` here and getrefcount's argument; when the clause raised,
+    # the frames of the traceback (the clause's own arguments) do not count.
+    if sys.getrefcount(k) - _referenced_by_traceback(k, exc) > 2:
+        return
+    signal = fibers.Unwind("the handler returned without resuming: the body is aborted")
+    try:
+        if k.shallow:
+            k.discontinue_with(signal, handler)
+        else:
+            k.discontinue(signal)
+    except fibers.Unwind as unwound:
+        if unwound is not signal:
+            raise
+    except BaseException as cleanup_error:
+        if exc is not None and cleanup_error is not exc:
+            cleanup_error.__context__ = exc
+        raise
+
+
+def _referenced_by_traceback(k, exc):
+    # How many references to k come from the frames of exc's traceback, either
+    # directly (a clause's argument) or through a bound method of k
+    # (``k.resume`` handed to a helper) that nothing but those frames holds.
+    if exc is None:
+        return 0
+    count = 0
+    methods = {}
+    tb = exc.__traceback__
+    while tb is not None:
+        for ref in gc.get_referents(tb.tb_frame):
+            if ref is k:
+                count += 1
+            elif type(ref) in _BOUND_METHODS and ref.__self__ is k:
+                methods.setdefault(id(ref), [ref, 0])[1] += 1
+        tb = tb.tb_next
+    ref = None                              # the loop's last referent: not a reference to count
+    for entry in methods.values():
+        if sys.getrefcount(entry[0]) - 2 == entry[1]:     # - the entry, - the argument
+            count += 1
+    return count
+
+
+_BOUND_METHODS = (types.MethodType, types.BuiltinMethodType)
+
+
 _DRIVE_CODE = _drive.__code__
 _drive_py = _drive
 _drive_c = None
 
 
 def _drive_compiled(chain, send):
-    """_drive with its loop compiled (speedups.c's rt_drive); replaces _drive.
+    """_drive with its loop compiled (speedups_round_trip.c's rt_drive); replaces _drive.
 
     The clauses the C loop calls see this frame as their caller, so the tail
     check looks for this function's code instead of _drive_py's.
@@ -745,7 +879,35 @@ def _resume_nested(tail):
     return _drive(chain, send)
 
 
-# kina_fx._speedups (kina_fx/_native/speedups.c, built by setup.py when a
+# --- the C ABI's binding point ------------------------------------------------
+
+
+def bind_c_abi(clause_type, answer_to_int64, report_error):
+    """Turn on libkina_fx.so's C fast paths (kina_perform answered by C
+    handlers, host fibers driven) so that they run without entering Python.
+
+    ``clause_type`` is the class of the ``fun`` clauses that stand for C
+    handlers (kina_fx.ffi_effects.CClause); ``answer_to_int64(effect, value)``
+    converts a Python answer for C, ``report_error(exc)`` sets kina_last_error
+    and returns the status.  Returns the fast paths' view of the host fiber
+    handles, which the caller keeps up to date (``note(handle, stepper)``,
+    ``forget(handle)``, ``forget_all()``), or None (changing nothing) when the
+    compiled perform is not the one in use: every call then takes the Python
+    path.  ``bind_c_abi(None, None, None)`` turns the fast paths off.
+    """
+    if perform is _perform_py:
+        return None
+    try:
+        if clause_type is None:
+            _speedups._bind_c_abi(None)
+            return None
+        _speedups._bind_c_abi(clause_type, Effect._by_id, answer_to_int64, report_error)
+    except (TypeError, AttributeError):      # a stale build: the Python path still works
+        return None
+    return _fiber_handle_mirror
+
+
+# kina_fx._speedups (kina_fx/_native/speedups_*.c, built by setup.py when a
 # compiler is available) has transcriptions of _perform_py and
 # _returns_straight_to_driver, several times faster, and of the round trip of
 # an ``on`` clause: _suspend_perform with fibers.post/suspend/_switch (inside
@@ -768,9 +930,12 @@ if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
                                  tailcalls.tail_calls_by_code, tailcalls.tail_calls,
                                  tailcalls.names_function)
             _speedups._bind_forward(FORWARD)
+            _speedups._bind_abort(_abort_unless_kept)
             _resume_c, _del_c = _speedups._bind_round_trip(
                 Chain, Continuation, GreenletExit, fibers.Unwind, fibers._begin_unwind_here,
                 fibers.switch_into, _resume_py, PERFORMED, RETURNED, RAISED, fibers.unwind)
+            _fiber_handle_mirror = _speedups._bind_steppers(Stepper, _Catch, _SUSPEND_TO_HOST,
+                                                            Cancelled)
         except (TypeError, AttributeError) as exc:   # a stale build: rebuild it
             import warnings
             warnings.warn(f"kina_fx._speedups does not fit this kina_fx ({exc}); "

@@ -196,11 +196,65 @@ def host_staged(d: Descriptor, dtype: Any, cp: Any,
     """
     host = numpy_view(d, dtype, name)
     dev = cp.asarray(host)
+    _staged[id(dev)] = (dev, identity(host))
 
     def write_back():
         host[...] = cp.asnumpy(dev)
 
     return dev, write_back
+
+
+#: Device copies made by host_staged -> the identity of the host memory they
+#: stand for (released by release_staged when the call is over).
+_staged: dict = {}
+
+
+def release_staged(arrays) -> None:
+    """Forget the staged copies among ``arrays`` (the call that used them is over)."""
+    for a in arrays:
+        _staged.pop(id(a), None)
+
+
+def identity(array) -> tuple:
+    """What memory an array views: (address of its first element, shape, strides
+    in elements, dtype string; a length-1 dimension's stride counts as 0, an
+    empty array has address 0).  A device copy of host memory made by
+    :func:`host_staged` has the identity of that host memory.  Tapes identify
+    tensors by this (docs/autograd-abi.md)."""
+    hit = _staged.get(id(array))
+    if hit is not None and hit[0] is array:
+        return hit[1]
+    shape = tuple(array.shape)
+    if 0 in shape:          # no element, no address to tell it apart by
+        return (0, shape, (0,) * len(shape), array.dtype.str)
+    if isinstance(array, np.ndarray):
+        address = array.__array_interface__["data"][0]
+    else:  # a CuPy array
+        address = array.data.ptr
+    item = array.dtype.itemsize
+    # The stride of a length-1 dimension never moves and MLIR leaves it
+    # arbitrary (the runtime's views make it 0): it counts as 0.
+    strides = tuple(0 if n == 1 else s // item for n, s in zip(shape, array.strides))
+    return (address, shape, strides, array.dtype.str)
+
+
+def row_major_strides(sizes, element_size: int, name: str = "memref") -> tuple:
+    """Row-major strides (in elements) for ``sizes``, as alloc writes them.
+
+    A zero size counts as 1, so each stride is the product of the non-zero
+    sizes after it.  ResourceError when a stride, in bytes, does not fit in
+    int64 (possible only for zero-element shapes: otherwise the byte count
+    would overflow first).
+    """
+    strides = [0] * len(sizes)
+    stride = 1
+    for i in reversed(range(len(sizes))):
+        if stride * element_size > _INT64_MAX:
+            raise ResourceError(f"{name}: the row-major stride of dimension {i} of {tuple(sizes)} "
+                                f"x {element_size} bytes overflows 64 bits")
+        strides[i] = stride
+        stride *= max(sizes[i], 1)
+    return tuple(strides)
 
 
 def write_allocation(ptr: Any, address: int, element_size: int, name: str = "memref") -> Descriptor:
@@ -209,36 +263,37 @@ def write_allocation(ptr: Any, address: int, element_size: int, name: str = "mem
     Writes allocated = aligned = ``address``, offset 0 and row-major strides
     into the nested descriptor the unranked pointer refers to: the ``{rank,
     descriptor}`` struct itself is the caller's per-call temporary, so only the
-    nested descriptor's update is seen by an MLIR host.
+    nested descriptor's update is seen by an MLIR host.  Everything is
+    computed (and may fail) before the first word is written.
     """
-    p = _as_unranked(ptr, name)
-    rank = _checked_rank(p, name)
-    if not p.descriptor:
-        raise ValidationError(f"{name}: null descriptor pointer")
-    words = ffi.cast("int64_t *", p.descriptor)
-    sizes = [words[3 + i] for i in range(rank)]
-    stride = 1
-    for i in reversed(range(rank)):
-        words[3 + rank + i] = stride
-        stride *= max(sizes[i], 1)
+    d = read_descriptor(ptr, name)
+    strides = row_major_strides(d.sizes, element_size, name)
+    words = ffi.cast("int64_t *", _as_unranked(ptr, name).descriptor)
+    for i, stride in enumerate(strides):
+        words[3 + d.rank + i] = stride
     words[0] = address
     words[1] = address
     words[2] = 0
-    return read_descriptor(p, name)
+    return read_descriptor(ptr, name)
 
 
 def allocation_bytes(ptr: Any, element_size: int, name: str = "memref") -> int:
     """Bytes ``runtime_gpu_alloc_unranked`` must allocate for this descriptor.
 
-    Validates element_size (KinaTypeError unless 2, 4 or 8), the sizes
-    (ValidationError if negative) and overflow (ResourceError).
+    Validates everything alloc depends on, so that nothing is allocated or
+    written for a request that fails, in parameter order (docs/abi.md, "Check
+    order"): the descriptor (ValidationError: null pointers, rank, negative
+    sizes), element_size (KinaTypeError unless 2, 4 or 8), then the byte
+    count and the row-major strides (ResourceError when either overflows 64
+    bits).
     """
+    d = read_descriptor(ptr, name)
     if element_size not in ELEMENT_SIZES:
         raise KinaTypeError(f"element_size must be 2, 4 or 8, not {element_size}")
-    d = read_descriptor(ptr, name)
     n = d.nbytes_needed(element_size)
     if n > _INT64_MAX:
         raise ResourceError(f"{name}: {d.sizes} x {element_size} bytes overflows 64 bits")
+    row_major_strides(d.sizes, element_size, name)
     return n
 
 
@@ -327,10 +382,21 @@ class UnrankedMemref:
 
     @property
     def address(self) -> int:
+        """The address of the unranked memref ``{rank, descriptor}``."""
         return int(ffi.cast("intptr_t", self.struct))
+
 
     def descriptor(self) -> Descriptor:
         return read_descriptor(self.struct)
+
+    def pointer_for(self, foreign_ffi):
+        """This memref as a ``kina_unranked_memref_t *`` of another cffi FFI instance."""
+        return foreign_ffi.cast("kina_unranked_memref_t *", self.address)
+
+    def descriptor_pointer_for(self, foreign_ffi):
+        """The ranked descriptor as a ``kina_memref_descriptor_t *`` of another cffi FFI
+        instance: what an ``llvm.emit_c_interface`` wrapper takes for a ranked memref."""
+        return foreign_ffi.cast("kina_memref_descriptor_t *", int(ffi.cast("intptr_t", self.words)))
 
 
 def from_numpy(array: np.ndarray, offset_elements: int = 0) -> UnrankedMemref:
@@ -355,3 +421,52 @@ def empty_descriptor(sizes: Sequence[int]) -> UnrankedMemref:
     """A descriptor with sizes but no storage: what an MLIR host passes to alloc."""
     sizes = list(sizes)
     return UnrankedMemref(None, len(sizes), [0, 0, 0, *sizes, *([0] * len(sizes))])
+
+
+# ---- public helpers: calling compiled code with arrays ---------------------------
+#
+# What MLIR's Python runtime offers as get_ranked_memref_descriptor /
+# ranked_memref_to_numpy, for NumPy and CuPy, with pointers usable by any
+# cffi FFI instance (kina_fx.ffi.load_library()'s, a compiled module's).
+
+def descriptor_of(array) -> UnrankedMemref:
+    """An unranked memref over ``array``'s memory (NumPy or CuPy; zero-copy, any strides).
+
+    ``.pointer_for(ffi)`` is what a C function declared in ``ffi`` takes; the
+    object keeps the array and the descriptor alive: hold it for the call.
+    """
+    if isinstance(array, np.generic):
+        array = np.asarray(array)
+    if isinstance(array, np.ndarray):
+        return from_numpy(array)
+    data = getattr(array, "data", None)
+    if data is None or not hasattr(data, "ptr"):
+        raise KinaTypeError(f"cannot pass a {type(array).__name__} as a memref "
+                            "(use a NumPy or CuPy array)")
+    item = array.dtype.itemsize
+    for s in array.strides:
+        if s % item:
+            raise ValidationError(f"stride {s} is not a multiple of the item size {item}")
+    words = [data.ptr, data.ptr, 0, *array.shape, *(s // item for s in array.strides)]
+    return UnrankedMemref(array, array.ndim, words)
+
+
+def array_of(ptr, dtype, name: str = "memref"):
+    """The array a memref describes: a zero-copy NumPy view (CuPy for device memory).
+
+    ``ptr`` is a ``kina_unranked_memref_t *`` of any FFI instance, an address,
+    or an :class:`UnrankedMemref`.
+    """
+    if isinstance(ptr, UnrankedMemref):
+        ptr = ptr.address
+    elif not isinstance(ptr, int):
+        ptr = int(ffi.cast("intptr_t", ptr))
+    d = read_descriptor(ptr, name)
+    from . import gpu_ops
+
+    cp = gpu_ops.cupy_module()
+    if cp is not None:
+        view = cupy_view(d, np.dtype(dtype), cp, name)
+        if view is not None:
+            return view
+    return numpy_view(d, np.dtype(dtype), name)

@@ -96,3 +96,34 @@ def load_module(path, name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def runtime_op_sample(op, rng):
+    """Valid float32/int64 inputs and int params for one runtime op."""
+    name = op.name
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    if name in ("log",):
+        return [np.abs(x) + 0.5], []
+    if name in ("add", "sub", "mul", "div", "pow", "matmul"):
+        b = rng.standard_normal((4,) if name != "matmul" else (4, 2)).astype(np.float32)
+        if name == "pow":
+            return [np.abs(x) + 0.5, b], []
+        if name == "div":
+            return [x, np.abs(b) + 0.5], []
+        return [x, b], []
+    if name in ("sum", "mean", "max"):
+        return [x], [1, 0]
+    if name in ("softmax", "log_softmax"):
+        return [x], [-1]
+    if name == "transpose":
+        return [x, np.array([1, 0], np.int64)], []
+    if name == "gather":
+        return [x, np.array([2, 0, 2], np.int64)], []
+    if name == "cross_entropy":
+        return [x, np.array([0, 3, 1], np.int64)], []
+    if name == "repeat_interleave":
+        return [x], [1, 2]
+    if name.startswith("copy_to_device"):
+        dtype = np.float16 if name.endswith("f16") else np.float32
+        return [x.astype(dtype)], [0]
+    return [x], []

@@ -143,3 +143,23 @@ def test_cuda_failures_are_gpu_errors(abi, fake):
     out = np.zeros((2, 2), np.float32)
     assert abi.call("_mlir_ciface_runtime_gpu_matmul_f32", out, out, out) == Status.GPU
     assert "launch failure" in abi.last_error()
+
+
+def test_a_tape_identifies_staged_host_buffers_by_their_host_memory(abi, fake):
+    """On CUDA, host operands are copied to the device for each call; a tape must
+    still see one buffer (the host memory), not a new copy per call."""
+    ffi, lib = abi.ffi, abi.lib
+    x = np.array([0.5, -1.0, 2.0], np.float32)
+    h, y = np.zeros_like(x), np.zeros((), np.float32)
+    tape = ffi.new("kina_tape_t *")
+    assert lib.kina_tape_begin(0, tape) == 0
+    assert abi.call("kina_tape_watch", tape[0], x, 1) == 0, abi.last_error()
+    assert abi.call("_mlir_ciface_runtime_tanh_f32", h, x) == 0, abi.last_error()
+    assert abi.call("_mlir_ciface_runtime_sum_f32", y, h, -(2 ** 31), 0) == 0, abi.last_error()
+    assert lib.kina_tape_end(tape[0]) == 0
+    assert abi.call("kina_tape_backward", tape[0], y, np.ones((), np.float32)) == 0, abi.last_error()
+    g = np.zeros_like(x)
+    assert abi.call("kina_tape_grad", tape[0], x, g) == 0, abi.last_error()
+    np.testing.assert_allclose(g, 1 - np.tanh(x) ** 2, rtol=1e-6)
+    assert lib.kina_tape_free(tape[0]) == 0
+    assert not memref._staged           # every staged copy was released

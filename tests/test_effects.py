@@ -577,3 +577,182 @@ def test_stepper_handler_has_a_repr():
     from kina_fx import Stepper
     assert "Handler" in repr(Stepper(lambda: 1)._handler)
     assert "test.yield" in repr(Stepper(lambda: 1, catch=[Yield])._handler)
+
+
+# --- eager abort cleanup ------------------------------------------------------------
+
+def test_abort_cleanup_runs_before_the_clause_exception_reaches_the_caller():
+    events = []
+
+    def body():
+        try:
+            perform(Ask)
+        finally:
+            events.append("finally")
+            perform(Log, "cleanup")      # handled by the handler outside, as in the body
+
+    def raising(k):
+        raise ValueError("clause")
+    logger = Handler(on={Log: lambda k, m: (events.append(("log", m)), k.resume(None))[1]})
+
+    def caller():
+        with pytest.raises(ValueError):
+            Handler(on={Ask: raising}).run(body)
+        events.append("caller sees ValueError")
+    logger.run(caller)
+    assert events == ["finally", ("log", "cleanup"), "caller sees ValueError"]
+
+
+def test_abort_cleanup_runs_before_the_clause_result_and_under_the_same_handler():
+    events = []
+
+    class Resource:
+        def __enter__(self):
+            events.append("open")
+
+        def __exit__(self, *exc):
+            events.append(("close", exc[0].__name__))
+            events.append(("logged by the same handler", perform(Log, "closing")))
+
+    def body():
+        with Resource():
+            perform(Ask)
+            events.append("never")
+    h = Handler(on={Ask: lambda k: "early exit", Log: lambda k, m: k.resume(m.upper())})
+    assert h.run(body) == "early exit"
+    assert events == ["open", ("close", "Unwind"), ("logged by the same handler", "CLOSING")]
+
+
+def test_a_kept_continuation_is_not_aborted():
+    events = []
+    queue = []
+
+    def body():
+        try:
+            return perform(Ask) + 1
+        finally:
+            events.append("finally")
+    assert Handler(on={Ask: lambda k: queue.append(k) or "suspended"}).run(body) == "suspended"
+    assert events == []
+    assert queue.pop().resume(41) == 42 and events == ["finally"]
+
+
+def test_abort_unwinds_nested_handlers_innermost_first_with_their_clauses():
+    events = []
+    inner = Handler(on={Log: lambda k, m: (events.append(("inner log", m)), k.resume(None))[1]})
+
+    def innermost():
+        try:
+            perform(Ask)
+        finally:
+            events.append("innermost finally")
+            perform(Log, "from innermost")    # the inner handler is still installed
+
+    def middle():
+        try:
+            return inner.run(innermost)
+        finally:
+            events.append("middle finally")
+    assert Handler(on={Ask: lambda k: "aborted"}).run(middle) == "aborted"
+    assert events == ["innermost finally", ("inner log", "from innermost"), "middle finally"]
+
+
+def test_cleanup_exception_wins_with_the_clause_exception_as_context():
+    def body():
+        try:
+            perform(Ask)
+        finally:
+            raise KeyError("cleanup")
+
+    def raising(k):
+        raise ValueError("clause")
+    with pytest.raises(KeyError) as info:
+        Handler(on={Ask: raising}).run(body)
+    assert isinstance(info.value.__context__, ValueError)
+    # a clause that returns: the cleanup's exception replaces the result
+    with pytest.raises(KeyError):
+        Handler(on={Ask: lambda k: "result"}).run(body)
+
+
+def test_the_aborted_body_sees_unwind_which_exc_clauses_do_not_catch():
+    seen = []
+    inner = Handler(exc=lambda e: seen.append(("exc clause", e)) or "swallowed",
+                    on={Log: lambda k, m: k.resume(None)})
+
+    def body():
+        try:
+            perform(Ask)
+        except BaseException as e:
+            seen.append(type(e))
+            raise
+    assert Handler(on={Ask: lambda k: "out"}).run(lambda: inner.run(body)) == "out"
+    assert seen == [fibers.Unwind]
+
+
+def test_a_body_that_swallows_the_abort_has_its_value_discarded():
+    rets = []
+
+    def body():
+        try:
+            perform(Ask)
+        except BaseException:
+            return "swallowed"
+    h = Handler(on={Ask: lambda k: "clause result"}, ret=lambda v: rets.append(v) or v)
+    assert h.run(body) == "clause result"
+    assert rets == ["swallowed"]      # ret saw it; the handler's result is the clause's
+
+
+def test_shallow_abort_runs_the_cleanup_under_the_same_handler():
+    events = []
+
+    def body(_):
+        try:
+            perform(Ask)
+        finally:
+            events.append(("cleanup got", perform(Log, "x")))
+    h = Handler(on={Ask: lambda k: "stopped", Log: lambda k, m: k.resume_with(m * 2, h)})
+    assert fiber(body).resume_with(None, h) == "stopped"
+    assert events == [("cleanup got", "xx")]
+
+
+def test_continuation_referenced_by_the_clause_exception_is_kept():
+    events = []
+
+    class Carrier(Exception):
+        pass
+
+    def body():
+        try:
+            return perform(Ask)
+        finally:
+            events.append("finally")
+
+    def raising(k):
+        raise Carrier(k)
+    with pytest.raises(Carrier) as info:
+        Handler(on={Ask: raising}).run(body)
+    assert events == []                       # the exception holds k: kept
+    assert info.value.args[0].resume(7) == 7 and events == ["finally"]
+
+
+def test_bound_resume_passed_to_a_helper_that_raises_is_not_a_keeper():
+    events = []
+    kept = []
+
+    def body():
+        try:
+            return perform(Ask)
+        finally:
+            events.append("finally")
+
+    def helper(resume, keep):
+        if keep:
+            kept.append(resume)
+        raise ValueError
+
+    for keep in (False, True):
+        with pytest.raises(ValueError):
+            Handler(on={Ask: lambda k: helper(k.resume, keep)}).run(body)
+        events.append(("caller", keep))
+    assert events == ["finally", ("caller", False), ("caller", True)]
+    assert kept[0](5) == 5 and events[-1] == "finally"     # the kept one still resumes

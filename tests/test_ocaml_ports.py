@@ -1633,10 +1633,11 @@ def test_manual_discontinue_blocked_exchanger_runs_finally():
 
 def test_manual_leaky_scheduler_cleanup_that_performs():
     # The manual's first scheduler "can leak resources": a blocked exchanger is
-    # never resumed.  In kina_fx the dropped continuation is unwound instead, so
+    # never resumed.  In kina_fx the dropped continuation is aborted instead, so
     # the task's cleanup runs; here the cleanup performs the scheduler's Yield.
-    # Per docs/effects.md an unwinding fiber is detached from outer handlers, so
-    # that perform must raise Unhandled there, and the runtime must stay usable.
+    # Per docs/effects.md ("Abort cleanup") the abort runs under the handler
+    # whose clause dropped it, so that perform is handled by the scheduler like
+    # any other, and the runtime stays usable.
     def scenario():
         Yield, Xchg = fresh("leaky.Yield"), fresh("leaky.Xchg")
         log, unraisable = [], []
@@ -1660,6 +1661,8 @@ def test_manual_leaky_scheduler_cleanup_that_performs():
                     perform(Yield)
                 except Unhandled:
                     log.append("cleanup: Yield unhandled while unwinding")
+                else:
+                    log.append("cleanup: Yield handled by the scheduler")
 
         old_hook = sys.unraisablehook
         sys.unraisablehook = lambda u: unraisable.append(repr(u.exc_value))
@@ -1671,7 +1674,7 @@ def test_manual_leaky_scheduler_cleanup_that_performs():
         after = Handler(on={Yield: lambda k: k.resume(5)}).run(lambda: perform(Yield))
         return log, unraisable, after
 
-    assert _in_own_thread(scenario) == (["cleanup: Yield unhandled while unwinding"], [], 5)
+    assert _in_own_thread(scenario) == (["cleanup: Yield handled by the scheduler"], [], 5)
 
 
 def test_manual_leaky_scheduler_garbage_collected_at_any_allocation():

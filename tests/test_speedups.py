@@ -1,4 +1,4 @@
-"""The compiled perform (kina_fx._speedups, kina_fx/_native/speedups.c) against
+"""The compiled perform (kina_fx._speedups, kina_fx/_native/speedups_*.c) against
 its reference, handlers._perform_py.
 
 The effects suite itself runs against whichever ``perform`` the import selected
@@ -23,6 +23,9 @@ except ImportError:          # not built (no compiler at install time)
     _speedups = None
 
 PURE = os.environ.get("KINA_FX_PURE_PYTHON") == "1"
+# The compiled functions work only once kina_fx.handlers has bound them, which
+# it does unless KINA_FX_PURE_PYTHON=1.
+COMPILED = _speedups is not None and not PURE
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 E = Effect("speedups.e")
@@ -31,7 +34,7 @@ G = Effect("speedups.g")
 
 IMPLS = [pytest.param(handlers._perform_py, id="python"),
          pytest.param(_speedups.perform if _speedups else None, id="compiled",
-                      marks=pytest.mark.skipif(_speedups is None, reason="kina_fx._speedups not built"))]
+                      marks=pytest.mark.skipif(not COMPILED, reason="compiled perform not in use"))]
 
 
 @pytest.fixture(params=IMPLS)
@@ -45,7 +48,34 @@ def stack():
 
 # --- selection ----------------------------------------------------------------------
 
-@pytest.mark.skipif(_speedups is None or PURE, reason="compiled perform not in use")
+@pytest.mark.skipif(PURE, reason="KINA_FX_PURE_PYTHON=1 selects the Python versions")
+def test_compiled_path_is_in_use():
+    # Not skipped when kina_fx._speedups is missing: an optional extension that
+    # silently failed to build (or no longer fits handlers.py, which then warns
+    # and falls back) would otherwise pass the whole suite in pure Python.
+    assert _speedups is not None, "kina_fx._speedups was not built (see the build_ext output)"
+    assert handlers.perform is _speedups.perform, "kina_fx._speedups is built but not in use"
+    assert handlers.Continuation.resume is not handlers._resume_py
+    assert handlers._returns_straight_to_driver is _speedups._returns_straight_to_driver
+    # The C core owns the fields of the protocol's types (fibers.data_type).
+    from kina_fx import ffi_effects
+    for cls in (fibers.Fiber, fibers.ThreadState, fibers.Chain, handlers.Handler, handlers._Skip,
+                handlers._TailResume, handlers.Stepper, ffi_effects.CClause):
+        assert cls.__base__.__module__ == "kina_fx._speedups", cls
+    assert handlers.Continuation.__mro__[2] is _speedups.ContinuationData
+
+
+def test_data_types_declare_the_fields_of_the_c_core():
+    # Both layouts of each type have the same fields: what fibers.data_type
+    # checks at import, here for every C type.
+    code = ("import warnings; warnings.simplefilter('error'); "
+            "import kina_fx.ffi_effects, kina_fx.handlers as h; print(h.perform is h._perform_py)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("True" if PURE or _speedups is None else "False")
+
+
+@pytest.mark.skipif(not COMPILED, reason="compiled perform not in use")
 def test_compiled_perform_is_selected():
     import kina_fx
     assert handlers.perform is _speedups.perform
@@ -60,8 +90,10 @@ def test_pure_python_switch():
     assert out.stdout.strip() == "True"
 
 
+@pytest.mark.skipif(PURE, reason="this whole run is in pure Python")
 def test_effects_suite_in_pure_python():
-    # The other half of "the suite runs against both implementations".
+    # The other half of "the suite runs against both implementations" in a
+    # plain `make test`; CI (.ci/run) also runs the whole suite that way.
     env = dict(os.environ, KINA_FX_PURE_PYTHON="1")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow",
@@ -466,7 +498,7 @@ def test_memory_stays_flat_over_100k_performs(perform):
     assert len(gc.get_objects()) - n_objects < 100
 
 
-@pytest.mark.skipif(_speedups is None, reason="kina_fx._speedups not built")
+@pytest.mark.skipif(not COMPILED, reason="compiled tail check not in use")
 def test_compiled_tail_check_matches_and_does_not_leak():
     A = Effect("speedups.tail")
     seen = []
@@ -512,7 +544,7 @@ def test_a_stack_that_is_not_a_list(perform):
 
 # --- the compiled round trip (suspend, switch_into, resume, the driver loop) ----------
 
-@pytest.mark.skipif(_speedups is None or PURE, reason="compiled round trip not in use")
+@pytest.mark.skipif(not COMPILED, reason="compiled round trip not in use")
 def test_compiled_round_trip_is_selected():
     assert handlers.Continuation.resume is not handlers._resume_py
     assert handlers.Continuation.__del__ is not handlers._del_py

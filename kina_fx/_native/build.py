@@ -40,6 +40,7 @@ TYPES_CDEF = """
 typedef struct { int64_t rank; void *descriptor; } kina_unranked_memref_t;
 typedef uint64_t kina_fiber_t;
 typedef uint64_t kina_handler_t;
+typedef uint64_t kina_tape_t;
 typedef int64_t (*kina_fiber_fn)(void *arg);
 typedef int32_t (*kina_handler_fn)(void *ctx, int32_t effect, const int64_t *args,
                                    int32_t nargs, int64_t *out_value);
@@ -69,7 +70,7 @@ except BaseException as exc:
 """
 
 # The files holding X(...) export lines: the memref runtime and the effects ABI.
-EXPORT_TABLES = ("kina_runtime.c", "kina_effects_exports.h")
+EXPORT_TABLES = ("kina_runtime.c", "kina_runtime_ops.h", "kina_tape_exports.h", "kina_effects_exports.h")
 
 _EXPORT_LINE = re.compile(r"^\s*X\((\w+),\s*(\w+),\s*\(([^)]*)\),\s*\(([^)]*)\)\)", re.M)
 

@@ -11,9 +11,12 @@
  * call the static `extern "Python"` function that kina_fx/ffi.py attaches with
  * @ffi.def_extern(error=5, onerror=...).
  *
- * Adding an export: one line in KINA_EXPORTS below (or, for the effects ABI,
- * in kina_effects_exports.h), its prototype in kina_fx.h, and a function of
- * the same Python name in kina_fx/ffi.py (kina_fx/ffi_effects.py).
+ * Adding an export: a row of the runtime op table (kina_fx/runtime_ops.py,
+ * which generates kina_runtime_ops.h and the kina_fx.h prototypes), or one line
+ * in KINA_EXPORTS below (kina_tape_exports.h for the tape ABI,
+ * kina_effects_exports.h for the effects ABI), its prototype in kina_fx.h, and
+ * a function of the same Python name in kina_fx/ffi.py (ffi_tapes.py,
+ * ffi_effects.py).
  * build.py reads KINA_EXPORTS to declare the `extern "Python"` functions.
  *
  * Nothing here keeps a pointer into a caller's stack beyond one call: hosts may
@@ -31,6 +34,9 @@
 
 #include "kina_fx.h"
 #include "kina_effects_exports.h"
+#include "kina_runtime_ops.h"
+#include "kina_tape_exports.h"
+#include "kina_fast_api.h"
 
 #define KINA_API __attribute__((visibility("default")))
 
@@ -38,13 +44,6 @@
  * Every export returns an int32_t status.  Keep one entry per line: build.py
  * parses these lines. */
 #define KINA_EXPORTS(X) \
-    X(_mlir_ciface_runtime_copy_to_device_f32, kina_py_copy_to_device_f32, (kina_unranked_memref_t *dst, kina_unranked_memref_t *src, int32_t device), (dst, src, device)) \
-    X(_mlir_ciface_runtime_copy_to_device_f16, kina_py_copy_to_device_f16, (kina_unranked_memref_t *dst, kina_unranked_memref_t *src, int32_t device), (dst, src, device)) \
-    X(_mlir_ciface_runtime_copy_to_host_f32, kina_py_copy_to_host_f32, (kina_unranked_memref_t *dst, kina_unranked_memref_t *src), (dst, src)) \
-    X(_mlir_ciface_runtime_gpu_matmul_f32, kina_py_gpu_matmul_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b)) \
-    X(_mlir_ciface_runtime_gpu_gather_f32, kina_py_gpu_gather_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *values, kina_unranked_memref_t *indices), (out, values, indices)) \
-    X(_mlir_ciface_runtime_gpu_softmax_f32, kina_py_gpu_softmax_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis), (out, x, axis)) \
-    X(_mlir_ciface_runtime_gpu_repeat_interleave_f32, kina_py_gpu_repeat_interleave_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t reps), (out, x, axis, reps)) \
     X(_mlir_ciface_runtime_gpu_alloc_unranked, kina_py_gpu_alloc_unranked, (kina_unranked_memref_t *memref, int32_t element_size), (memref, element_size)) \
     X(runtime_gpu_free_all, kina_py_gpu_free_all, (void), ())
 
@@ -168,6 +167,34 @@ static int kina__preflight(void)
     return rc;
 }
 
+/* Set up the embedded cffi module in the interpreter that now runs, without
+ * cffi_start_python().  That function first takes a process-wide spin lock
+ * kept in a field of PyCapsule_Type (_cffi_carefully_make_gil): before Python
+ * 3.12 the field is tp_version_tag, which CPython sets as soon as anything
+ * looks up an attribute on a capsule (`import torch` does), and the lock then
+ * spins forever.  The lock only serialises Py_InitializeEx between cffi
+ * modules; Python already runs here (we started it under our pthread_once, or
+ * the host process did), so what is left of cffi's start-up is done here as
+ * _cffi_start_python does it after the lock: under cffi's own reentrant
+ * mutex, _cffi_initialize_python() (GIL, PyInit of the module, the init code
+ * of build.py), then extern "Python" calls are switched to _cffi_backend's
+ * dispatcher.  These are names of cffi's _embedding.h (stable since cffi 1.5;
+ * a cffi that renamed them fails the build, it cannot hang). */
+static int kina__attach_embedded_module(void)
+{
+    _cffi_acquire_reentrant_mutex();
+    int rc = _cffi_initialize_python();
+    if (rc == 0 && _cffi_call_python_org != NULL) {
+        __sync_synchronize(); /* the module's state is visible before the switch */
+        _cffi_call_python = (_cffi_call_python_fnptr)_cffi_call_python_org;
+    } else {
+        _cffi_call_python_org = NULL;
+        rc = -1;
+    }
+    _cffi_release_reentrant_mutex();
+    return rc;
+}
+
 static void kina__init_once(void)
 {
     if (!Py_IsInitialized() && kina__start_interpreter() != 0)
@@ -177,9 +204,8 @@ static void kina__init_once(void)
     /* The embedded init code (build.py) imports kina_fx.ffi and attaches the
      * callbacks; it reports its own failure through kina__set_init_error. */
     kina__init_status = KINA_STATUS_SUCCESS;
-    if (cffi_start_python() != 0) {
+    if (kina__attach_embedded_module() != 0)
         kina__set_init_error("kina_fx: cffi could not start the embedded module");
-    }
 }
 
 /* 0 when Python runs and kina_fx.ffi is attached, else KINA_STATUS_INTERNAL
@@ -194,6 +220,48 @@ static int32_t kina__ensure_python(void)
     return KINA_STATUS_SUCCESS;
 }
 
+/* ---- Python's recursion limit at the C/Python boundary ----------------------- */
+
+/* A callback that cffi enters with Python's recursion limit reached fails at
+ * its entry, and the onerror hook that should turn the RecursionError into a
+ * status is entered at the same depth and fails too: cffi then prints both
+ * tracebacks (C handlers that re-enter kina_perform hit it on Python 3.12+).
+ * So each export first checks that the calling thread has this many frames
+ * (and, from 3.12, C recursion units) left, and otherwise returns 5 itself.
+ * Only the calling thread writes these counters, and it is here, not running
+ * Python: reading them without the GIL is safe. */
+#define KINA__CALLBACK_HEADROOM 10
+
+static int32_t kina__check_recursion_headroom(void)
+{
+    PyThreadState *ts = PyGILState_GetThisThreadState();
+    if (ts == NULL)
+        return KINA_STATUS_SUCCESS; /* no Python frames on this thread */
+#if PY_VERSION_HEX >= 0x030E0000
+    int ok = ts->py_recursion_remaining > KINA__CALLBACK_HEADROOM;
+#elif PY_VERSION_HEX >= 0x030C0000
+    int ok = ts->py_recursion_remaining > KINA__CALLBACK_HEADROOM
+        && ts->c_recursion_remaining > KINA__CALLBACK_HEADROOM;
+#elif PY_VERSION_HEX >= 0x030B0000
+    int ok = ts->recursion_remaining > KINA__CALLBACK_HEADROOM;
+#else
+    /* Python 3.10 keeps the limit in the interpreter state, readable only
+     * with the GIL: taken only when the stack is deep enough to matter. */
+    int ok = 1;
+    if (ts->recursion_depth > 100) {
+        PyGILState_STATE gil = PyGILState_Ensure();
+        ok = ts->recursion_depth + KINA__CALLBACK_HEADROOM < Py_GetRecursionLimit();
+        PyGILState_Release(gil);
+    }
+#endif
+    if (ok)
+        return KINA_STATUS_SUCCESS;
+    kina__errorf("RecursionError: maximum recursion depth exceeded (kina_fx: fewer than %d "
+                 "levels of Python's recursion limit left to call into Python)",
+                 KINA__CALLBACK_HEADROOM);
+    return KINA_STATUS_INTERNAL;
+}
+
 /* ---- the exports ----------------------------------------------------------- */
 
 #define KINA_DEFINE_EXPORT(name, pyname, params, args) \
@@ -201,65 +269,96 @@ static int32_t kina__ensure_python(void)
     KINA_API int32_t name params                         \
     {                                                    \
         int32_t status_ = kina__ensure_python();         \
+        if (status_ == KINA_STATUS_SUCCESS)              \
+            status_ = kina__check_recursion_headroom();  \
         if (status_ != KINA_STATUS_SUCCESS)              \
             return status_;                              \
         return pyname args;                              \
     }
 
 KINA_EXPORTS(KINA_DEFINE_EXPORT)
+KINA_RUNTIME_OP_EXPORTS(KINA_DEFINE_EXPORT)
+KINA_TAPE_EXPORTS(KINA_DEFINE_EXPORT)
 KINA_EFFECT_EXPORTS(KINA_DEFINE_EXPORT)
 
 /* ---- C fast paths ---------------------------------------------------------- */
 
-/* kina_perform answered by C handlers (kina_push_handler) without entering
- * Python through cffi: kina_fast_perform in kina_fx/_native/speedups.c runs
- * the handler-stack search with the GIL held and calls C handlers directly.
- * It returns KINA__FAST_DECLINED having done nothing (a Python clause or an
- * `on` clause comes first, nothing handles the effect, an argument is invalid:
- * the extern "Python" path then does everything, validation included), or
- * KINA__FAST_DONE with *status set (0 with *out_value written, or a status
- * with kina_last_error set, as kina_fx.ffi's onerror hook sets it).
+/* The exports of KINA_EFFECT_FAST_EXPORTS (kina_effects_exports.h) first try
+ * a C fast path of kina_fx._speedups (kina_fast_api.h): kina_perform answered
+ * by C handlers, a host fiber resumed, its pending perform read, without
+ * entering Python through cffi.  A fast path answers (KINA_FAST_DONE, with
+ * *status set as the Python path would) or declines having done nothing (a
+ * Python clause first, an invalid argument, a fiber or handle it does not
+ * know...): the extern "Python" path then does everything, validation and
+ * error texts included.  The fast paths take the GIL themselves when they
+ * need it, and decline on a thread that has no Python thread state yet (its
+ * first call through cffi gives it one).
  *
- * Its address comes from the capsule kina_fx._speedups._C_API, imported once
- * (under the GIL, so once); without kina_fx._speedups the fast path is off.
- * Only threads that already have a Python thread state take it: cffi keeps a
- * thread state alive per thread, and handlers exist only on threads that
- * called kina_push_handler through cffi, whereas PyGILState_Ensure on a new
- * thread would make a throw-away one (and a throw-away fibers state). */
-#define KINA__FAST_DECLINED 0
-#define KINA__FAST_DONE 1
-typedef int (*kina__fast_perform_fn)(int32_t effect, const int64_t *args, int32_t nargs,
-                                     int64_t *out_value, int32_t *status);
-static kina__fast_perform_fn kina__fast_perform_ptr;
-static int kina__fast_perform_state;   /* 0: not looked up; 1: found; -1: unavailable */
+ * The table comes from the capsule kina_fx._speedups._C_API, imported once
+ * (under the GIL, so once); without kina_fx._speedups, or with one built for
+ * another version of the table, the fast paths are off. */
+static const kina_fast_api *kina__fast_table;
+static int kina__fast_state;   /* 0: not looked up; 1: found; -1: unavailable */
 
-static void kina__fast_perform_lookup(void)
+static const kina_fast_api *kina__fast_lookup(void)
 {
-    void *p = PyCapsule_Import("kina_fx._speedups._C_API", 0);
-    if (p == NULL) {
-        PyErr_Clear();
-        __atomic_store_n(&kina__fast_perform_state, -1, __ATOMIC_RELAXED);
-        return;
+    if (PyGILState_GetThisThreadState() == NULL)
+        return NULL;               /* no thread state: not even to look it up */
+    PyGILState_STATE gil = PyGILState_Ensure();
+    if (__atomic_load_n(&kina__fast_state, __ATOMIC_ACQUIRE) == 0) {
+        const kina_fast_api *api = PyCapsule_Import("kina_fx._speedups._C_API", 0);
+        if (api == NULL)
+            PyErr_Clear();
+        int found = api != NULL && api->version == KINA_FAST_API_VERSION;
+        kina__fast_table = found ? api : NULL;
+        __atomic_store_n(&kina__fast_state, found ? 1 : -1, __ATOMIC_RELEASE);
     }
-    kina__fast_perform_ptr = (kina__fast_perform_fn)p;
-    __atomic_store_n(&kina__fast_perform_state, 1, __ATOMIC_RELAXED);
+    PyGILState_Release(gil);
+    return kina__fast_table;
 }
 
-/* 1 with *status set when the fast path answered, 0 to take the Python path. */
+static inline const kina_fast_api *kina__fast(void)
+{
+    int state = __atomic_load_n(&kina__fast_state, __ATOMIC_ACQUIRE);
+    return state > 0 ? kina__fast_table : state < 0 ? NULL : kina__fast_lookup();
+}
+
+/* kina__fast_<export>(arguments..., &status): 1 when the fast path answered. */
+#define KINA__FAST_PATH(name, call)                                   \
+    const kina_fast_api *api_ = kina__fast();                         \
+    return api_ != NULL && api_->call == KINA_FAST_DONE;
+
 static int kina__fast_kina_perform(int32_t effect, const int64_t *args, int32_t nargs,
                                    int64_t *out_value, int32_t *status)
 {
-    if (__atomic_load_n(&kina__fast_perform_state, __ATOMIC_RELAXED) < 0
-            || PyGILState_GetThisThreadState() == NULL)
-        return 0;
-    /* errno is left as the handlers leave it, as on the cffi path */
-    PyGILState_STATE gil = PyGILState_Ensure();
-    if (kina__fast_perform_state == 0)
-        kina__fast_perform_lookup();
-    int done = kina__fast_perform_state > 0
-        && kina__fast_perform_ptr(effect, args, nargs, out_value, status) == KINA__FAST_DONE;
-    PyGILState_Release(gil);
-    return done;
+    KINA__FAST_PATH(kina_perform, perform(effect, args, nargs, out_value, status))
+}
+
+static int kina__fast_kina_resume_fiber(kina_fiber_t fiber, int64_t value, int32_t *out_state,
+                                        int32_t *status)
+{
+    KINA__FAST_PATH(kina_resume_fiber, resume_fiber(fiber, value, out_state, status))
+}
+
+static int kina__fast_kina_get_perform_id(kina_fiber_t fiber, int32_t *out_effect, int32_t *status)
+{
+    KINA__FAST_PATH(kina_get_perform_id, get_perform_id(fiber, out_effect, status))
+}
+
+static int kina__fast_kina_get_perform_args(kina_fiber_t fiber, int64_t *out_args, int32_t cap,
+                                            int32_t *out_nargs, int32_t *status)
+{
+    KINA__FAST_PATH(kina_get_perform_args, get_perform_args(fiber, out_args, cap, out_nargs, status))
+}
+
+static int kina__fast_kina_fiber_state(kina_fiber_t fiber, int32_t *out_state, int32_t *status)
+{
+    KINA__FAST_PATH(kina_fiber_state, fiber_state(fiber, out_state, status))
+}
+
+static int kina__fast_kina_fiber_result(kina_fiber_t fiber, int64_t *out_value, int32_t *status)
+{
+    KINA__FAST_PATH(kina_fiber_result, fiber_result(fiber, out_value, status))
 }
 
 #define KINA_DEFINE_FAST_EXPORT(name, pyname, params, args)          \
@@ -267,6 +366,8 @@ static int kina__fast_kina_perform(int32_t effect, const int64_t *args, int32_t 
     KINA_API int32_t name params                                     \
     {                                                                \
         int32_t status_ = kina__ensure_python();                     \
+        if (status_ == KINA_STATUS_SUCCESS)                          \
+            status_ = kina__check_recursion_headroom();              \
         if (status_ != KINA_STATUS_SUCCESS)                          \
             return status_;                                          \
         if (kina__fast_##name(KINA__ARGS_AND_STATUS args, &status_)) \
@@ -281,7 +382,8 @@ KINA_EFFECT_FAST_EXPORTS(KINA_DEFINE_FAST_EXPORT)
  * every one is attached. */
 #define KINA_NAME_OF(name, pyname, params, args) #pyname,
 static const char *const kina__callback_names[] = {
-    KINA_EXPORTS(KINA_NAME_OF) KINA_EFFECT_EXPORTS(KINA_NAME_OF)
+    KINA_EXPORTS(KINA_NAME_OF) KINA_RUNTIME_OP_EXPORTS(KINA_NAME_OF) KINA_TAPE_EXPORTS(KINA_NAME_OF)
+    KINA_EFFECT_EXPORTS(KINA_NAME_OF)
     KINA_EFFECT_FAST_EXPORTS(KINA_NAME_OF) NULL};
 
 static const char *kina__callback_name(int i)

@@ -1,5 +1,5 @@
 /* kina_perform answered by C handlers from a pure C host: the path that
- * kina_fast_perform (kina_fx/_native/speedups.c) takes without entering
+ * kina_fast_perform (kina_fx/_native/speedups_c_abi.c) takes without entering
  * Python.  Every check also holds on the Python path (KINA_FX_PURE_PYTHON=1,
  * which tests/hosts/c/test_fast_perform_host.py runs too).
  *
@@ -111,8 +111,8 @@ static void statuses(void)
     CHECK(kina_pop_handler(fw) == 0);
     CHECK(kina_pop_handler(h) == 0);
     CHECK(kina_push_handler(status_handler, (void *)(intptr_t)-5, &E, 1, &h) == 0);
-    CHECK(kina_perform(E, NULL, 0, &v) == KINA_STATUS_INTERNAL && v == -7);
-    CHECK(strstr(kina_last_error(), "status -5") != NULL);
+    CHECK(kina_perform(E, NULL, 0, &v) == KINA_STATUS_VALIDATION && v == -7);
+    CHECK(strstr(kina_last_error(), "returned -5, which is not a handler result") != NULL);
     CHECK(kina_pop_handler(h) == 0);
 
     /* invalid arguments: the same statuses and messages as ever */

@@ -207,9 +207,10 @@ def test_c_suspend_with_no_kina_fiber_outside(kina, clib):
 
 def test_dropped_continuation_over_a_c_perform(kina, clib):
     """A Python on-clause that never resumes a continuation whose fibers hold a
-    pending kina_perform: the fibers are unwound.  The C code's perform must
-    fail (it does), nothing may be printed, and later performs in the unwinding
-    fiber are Unhandled (documented: detached from outer handlers).
+    pending kina_perform: the body is aborted at once, under the handler
+    (docs/effects.md, "Abort cleanup").  The C code's perform must fail with
+    CANCELLED, nothing may be printed, and a later perform in the aborted body
+    reaches the same handler, whose clause drops it too: CANCELLED again.
 
     BUG (contract gap): the unwound perform returns 5 (Internal, "bugs") rather
     than KINA_STATUS_CANCELLED (7), the status the ABI gives C code for "unwind
@@ -218,7 +219,7 @@ def test_dropped_continuation_over_a_c_perform(kina, clib):
     gc.collect()
     assert result == 5
     assert clib.adv_rcs[0] != 0 and clib.adv_values[0] == -77
-    assert clib.adv_rcs[1] == Status.UNHANDLED
+    assert clib.adv_rcs[1] == Status.CANCELLED
     assert clib.adv_rcs[0] == Status.CANCELLED
 
 

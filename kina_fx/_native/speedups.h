@@ -1,0 +1,285 @@
+/* speedups.h: what the files of kina_fx._speedups share.
+ *
+ * kina_fx._speedups is the compiled copy of the hot paths of the effects
+ * runtime; the Python functions of kina_fx/handlers.py and kina_fx/fibers.py
+ * stay the readable reference (and what runs under KINA_FX_PURE_PYTHON=1).
+ * One file per concern, each saying which Python it transcribes:
+ *
+ *   speedups_perform.c     perform: the handler-stack search, fun clauses and
+ *                          their skip markers (handlers._perform_py)
+ *   speedups_c_abi.c       kina_perform from C answered by C handlers
+ *                          (ffi_effects.kina_py_perform + CClause)
+ *   speedups_tail.c        the tail-resume check
+ *                          (handlers._returns_straight_to_driver)
+ *   speedups_round_trip.c  an ``on`` perform + resume: suspend, switch_into,
+ *                          the driver loop, Continuation.resume / __del__
+ *   speedups_module.c      the module: binding (what handlers.py hands over at
+ *                          import), the method table, the _C_API capsule
+ *
+ * The module state is process-global and the GIL protects it (one
+ * interpreter; no free-threaded build).  Every shared symbol is hidden: the
+ * extension exports PyInit__speedups only.
+ */
+#ifndef KINA_SPEEDUPS_H
+#define KINA_SPEEDUPS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <frameobject.h>
+#include <structmember.h>
+#include <stdint.h>
+
+#include "kina_fast_api.h"
+
+#pragma GCC visibility push(hidden)
+
+/* ---- the protocol's data (speedups_types.c) ---------------------------------- *
+ * Field order matters: a type's PyObject * fields follow the head (and its
+ * base's fields) without gaps; the weak reference list, if any, comes last. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *stack, *handler, *shallow, *parent, *thread, *job, *glet, *unwinder;
+    PyObject *weakreflist;
+} KFiber;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *serial, *current, *mail, *outbox, *pool, *to_start, *trampoline, *dropped;
+    PyObject *weakreflist;
+} KThreadState;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *top, *base;
+} KChain;
+
+typedef struct {
+    KChain chain;
+    PyObject *shallow;
+} KContinuation;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *fiber, *index;
+} KSkip;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *chain, *send;
+} KTailResume;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *on, *fun, *ret, *exc;
+} KHandler;
+
+#define KFX_MAX_ARGS 16                 /* KINA_MAX_ARGS */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *handler, *chain, *state, *effect, *args, *result, *error, *thread;
+    /* C-only (speedups_c_fibers.c): the pending perform and the result as C
+     * values, for the C ABI's paths that run without the GIL; valid while
+     * c_valid (any write of ``state`` from Python clears it). */
+    int c_valid;
+    int args_ok;                        /* every argument fits an int64_t */
+    int result_ok;
+    int32_t effect_id;
+    int32_t nargs;
+    int64_t args_c[KFX_MAX_ARGS];
+    int64_t result_c;
+    int64_t thread_serial;              /* ``thread`` as a C value (0: none) */
+} KStepper;
+
+/* handlers._Catch: which effects suspend a Stepper's fiber. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *effects;
+} KCatch;
+
+extern __thread int64_t kfx_thread_serial;
+
+/* ffi_effects.CClause: the fun clause of a C handler. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *fn, *ctx, *effect, *effect_id, *fn_address, *ctx_address, *buffers;
+} KCClause;
+
+extern PyTypeObject KFiber_Type, KThreadState_Type, KChain_Type, KContinuation_Type, KSkip_Type,
+                    KTailResume_Type, KHandler_Type, KStepper_Type, KCatch_Type, KCClause_Type;
+void kfx_data_dealloc(PyObject *self);
+int kfx_add_data_types(PyObject *module);
+
+/* ---- bound by _bind() (speedups_module.c) ---------------------------------- */
+
+extern PyObject *g_local;          /* fibers.local (a threading.local)          */
+extern PyTypeObject *g_fiber_t;    /* fibers.Fiber                              */
+extern PyTypeObject *g_tstate_t;   /* fibers.ThreadState                        */
+extern PyTypeObject *g_skip_t;     /* handlers._Skip                            */
+extern PyTypeObject *g_tail_t;     /* handlers._TailResume                      */
+extern PyObject *g_handler_fun;    /* Handler.__dict__["fun"] (member descr)    */
+extern PyObject *g_handler_on;     /* Handler.__dict__["on"]                    */
+extern PyObject *g_unhandled;      /* errors.Unhandled                          */
+extern PyObject *g_effect_t;       /* handlers.Effect                           */
+extern PyObject *g_suspend;        /* handlers._suspend_perform                 */
+extern PyObject *g_nested;         /* handlers._resume_nested                   */
+extern PyObject *g_forward;        /* handlers.FORWARD (set by _bind_forward)    */
+
+/* Where the fields are (SLOT(obj, off_...)), on instances of the bound types. */
+#define off_stack offsetof(KFiber, stack)
+#define off_handler offsetof(KFiber, handler)
+#define off_parent offsetof(KFiber, parent)
+#define off_glet offsetof(KFiber, glet)
+#define off_thread offsetof(KFiber, thread)
+#define off_job offsetof(KFiber, job)
+#define off_shallow offsetof(KFiber, shallow)
+#define off_current offsetof(KThreadState, current)
+#define off_mail offsetof(KThreadState, mail)
+#define off_serial offsetof(KThreadState, serial)
+#define off_dropped offsetof(KThreadState, dropped)
+#define off_skip_fiber offsetof(KSkip, fiber)
+#define off_skip_index offsetof(KSkip, index)
+#define off_fun offsetof(KHandler, fun)
+#define off_on offsetof(KHandler, on)
+#define off_top offsetof(KChain, top)
+#define off_base offsetof(KChain, base)
+#define off_k_shallow offsetof(KContinuation, shallow)
+#define off_tr_chain offsetof(KTailResume, chain)
+#define off_tr_send offsetof(KTailResume, send)
+#define off_cc_fn offsetof(KCClause, fn_address)
+#define off_cc_ctx offsetof(KCClause, ctx_address)
+#define off_cc_effect_id offsetof(KCClause, effect_id)
+
+/* Interned attribute names (PyInit__speedups). */
+extern PyObject *s_state, *s_current, *s_stack, *s_handler, *s_parent, *s_fiber, *s_index;
+extern PyObject *s_fun, *s_on, *s_get, *s_default, *s_append, *s_outcome, *s_switch,
+                *s_ret, *s_exc, *s_id;
+
+/* speedups_perform.c: the per-thread state cache and the marker cache, reset
+ * by _bind. */
+extern PyObject *state_key;
+extern uint64_t cached_tid;
+extern PyObject *cached_state;
+#define SKIP_CACHE 16
+extern PyObject *skip_cache[SKIP_CACHE];
+extern int skip_cached;
+
+#define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+
+/* obj.<name> (new reference).  Reads the slot at ``off`` when obj's type is
+ * ``type`` exactly and the slot is set; otherwise a normal getattr (which also
+ * raises the right AttributeError for an unset slot). */
+static inline PyObject *
+get_slot(PyObject *obj, PyTypeObject *type, Py_ssize_t off, PyObject *name)
+{
+    if (Py_TYPE(obj) == type) {
+        PyObject *v = SLOT(obj, off);
+        if (v != NULL)
+            return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
+/* handler.fun / handler.on (new reference), by offset when the entry's type
+ * resolves the name to Handler's own member descriptor. */
+static inline PyObject *
+get_handler_attr(PyObject *h, PyObject *descr, Py_ssize_t off, PyObject *name)
+{
+    PyTypeObject *tp = Py_TYPE(h);
+    if (tp->tp_getattro == PyObject_GenericGetAttr && _PyType_Lookup(tp, name) == descr) {
+        PyObject *v = SLOT(h, off);
+        if (v != NULL)
+            return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(h, name);
+}
+
+/* ---- exceptions ---------------------------------------------------------------- */
+
+#if PY_VERSION_HEX >= 0x030C0000
+static inline PyObject *exc_save(void) { return PyErr_GetRaisedException(); }
+static inline void exc_restore(PyObject *exc) { PyErr_SetRaisedException(exc); }
+#else
+static inline PyObject *
+exc_save(void)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (type == NULL)
+        return NULL;
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL) {
+        PyException_SetTraceback(value, tb);
+        Py_DECREF(tb);
+    }
+    Py_DECREF(type);
+    return value;
+}
+
+static inline void
+exc_restore(PyObject *exc)
+{
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc, PyException_GetTraceback(exc));
+}
+#endif
+
+
+/* ---- speedups_perform.c ------------------------------------------------------ */
+
+/* What find_clause found. */
+enum { FOUND_NONE = 0, FOUND_FUN = 1, FOUND_ON = 2 };
+
+PyObject *thread_state(void);
+int top_index(PyObject *f, Py_ssize_t *i);
+PyObject *new_skip(PyObject *f, Py_ssize_t i);
+int push_marker(PyObject *st, PyObject *skip);
+PyObject *pop_marker(PyObject *st, PyObject *marker);
+void release_entry(PyObject *item);
+PyObject *args_tuple(PyObject *const *args, Py_ssize_t n);
+PyObject *unhandled(PyObject *effect, PyObject *const *args, Py_ssize_t n);
+PyObject *suspend_py(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, PyObject *h);
+int find_clause(PyObject **fp, Py_ssize_t *ip, PyObject *effect, PyObject **clause, PyObject **on);
+PyObject *perform_at(PyObject *st, PyObject *f, Py_ssize_t i, PyObject *effect,
+                     PyObject *const *cargs, Py_ssize_t n);
+extern PyMethodDef kfx_perform_methods[];
+
+/* ---- speedups_c_abi.c ---------------------------------------------------------- */
+
+/* Call with the GIL held; errno after the last C handler goes to *errno_out. */
+int kina_fast_perform(int32_t effect_id, const int64_t *c_args, int32_t nargs, int64_t *out,
+                      int32_t *status, int *errno_out);
+/* The exception being raised as a status, with kina_last_error set (through
+ * kina_fx.ffi's onerror hook); clears it. */
+int32_t kfx_report_exception(void);
+extern PyTypeObject *g_cclause_t;  /* ffi_effects.CClause (NULL: the C ABI fast paths are off) */
+
+/* ---- speedups_c_fibers.c --------------------------------------------------------- */
+
+extern PyTypeObject *g_stepper_t, *g_catch_t;
+extern PyObject *g_suspend_to_host;
+extern PyMethodDef kfx_c_fibers_methods[];
+extern const kina_fast_api kfx_fast_api;     /* the capsule _C_API points to it */
+extern PyMethodDef kfx_c_abi_methods[];
+
+/* ---- speedups_tail.c ----------------------------------------------------------- */
+
+int straight_to_driver(PyObject *frame);
+extern PyMethodDef kfx_tail_methods[];
+
+/* ---- speedups_round_trip.c ------------------------------------------------------ */
+
+PyObject *rt_suspend(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, PyObject *h);
+PyObject *rt_switch_into(PyObject *chain, PyObject *send);
+extern PyTypeObject *g_chain_t, *g_cont_t;
+extern PyObject *g_performed, *g_returned, *g_raised;
+extern PyMethodDef kfx_round_trip_methods[];
+
+/* ---- speedups_module.c ---------------------------------------------------------- */
+
+int check_data_type(PyObject *type, PyTypeObject *core, const char *what);
+int check_type(PyObject *obj, const char *what);
+
+#pragma GCC visibility pop
+
+#endif /* KINA_SPEEDUPS_H */

@@ -1,0 +1,651 @@
+/* speedups_perform.c: perform, compiled (kina_fx._speedups.perform).
+ *
+ * ``perform`` is the effects runtime's hot path: every autograd primitive and
+ * every tail-resumptive (``fun``) clause goes through it.  In pure Python the
+ * search of the handler stack plus the skip-marker push/pop costs about 15
+ * plain calls; here it costs about two.
+ *
+ * What it mirrors
+ * ---------------
+ * ``_perform_py`` in kina_fx/handlers.py is the reference; this file is a
+ * line-by-line transcription of it (with handlers._run_fun_clause and
+ * handlers._remove_marker) and must change whenever it changes:
+ *
+ *   st = fibers.local.state; f = st.current; i = len(f.stack) - 1
+ *   walk f.stack[i], i-1, ... (innermost last):
+ *       a _Skip(fiber, index) entry jumps to fiber.stack[index-1]
+ *       (index -1: past that fiber's control handler, on to its parent);
+ *       any other entry: entry.fun.get(effect) is the clause when not None;
+ *   then f.handler: h.fun.get(effect), or ``effect in h.on`` -> suspend;
+ *   then f = f.parent (None: effect.default(*args) or raise Unhandled).
+ *   A fun clause runs here (handlers._run_fun_clause) with _Skip(f, i)
+ *   pushed on st.current.stack and removed by identity whatever happens
+ *   (handlers._remove_marker); a clause returning handlers.FORWARD declines:
+ *   the search goes on below its handler.
+ *
+ * The ``on`` branch is rt_suspend (speedups_round_trip.c), the transcription
+ * of handlers._suspend_perform and the fibers.py switch it makes; in the
+ * cases it does not transcribe it calls handlers._suspend_perform(effect,
+ * args, found) with found = [base fiber, handler], a list the callee empties
+ * (suspend_py below): like the Python frame, this C frame keeps no reference
+ * to the fibers or the continuation while the chain is suspended (see the
+ * comments in fibers.py).  The search (find_clause) is shared with the C ABI
+ * fast path (speedups_c_abi.c).
+ *
+ * One difference the C frame needs compensating for: the tail-resume check
+ * (handlers._returns_straight_to_driver) walks Python frames only.  The Python
+ * perform frame, being inside try/finally, stops that walk, so a resume done
+ * by a ``fun`` clause nests inside the clause with the skip marker still in
+ * place.  This C frame is invisible; the walk checks each link's callee by
+ * name, which rejects it, except when the clause function is itself named
+ * ``perform``.  Then a _TailResume comes back through here, and we drive it
+ * right here, before popping the marker (handlers._resume_nested): what the
+ * Python version does (tests/test_speedups.py has the case).
+ *
+ * Assumptions (checked once, in _bind): Fiber, ThreadState and _Skip derive
+ * from the C core's data types (speedups_types.c, through fibers.data_type)
+ * without shadowing a field; the fields of instances of exactly those classes
+ * are read and written as struct fields (others go through getattr).  Handler
+ * entries may be any object: ``fun`` and ``on`` are read as fields only when
+ * the entry's type resolves the name to HandlerData's own member descriptor
+ * with the generic getattr (else a normal attribute lookup); ``fun``/``on``
+ * are used through the dict API only when they are exact dicts (else
+ * ``.get`` / the ``in`` protocol).
+ */
+#include "speedups.h"
+
+PyObject *g_local;
+PyTypeObject *g_fiber_t;
+PyTypeObject *g_tstate_t;
+PyTypeObject *g_skip_t;
+PyTypeObject *g_tail_t;
+PyObject *g_handler_fun;
+PyObject *g_handler_on;
+PyObject *g_unhandled;
+PyObject *g_effect_t;
+PyObject *g_suspend;
+PyObject *g_nested;
+PyObject *g_forward;
+
+
+/* ``fibers.local.state`` is created once per OS thread and never replaced.
+ * Reading it through threading.local costs about as much as the rest of a
+ * perform, so each thread's state is also kept in that thread's own
+ * PyThreadState dict (under a key made by _bind: a strong reference that lives
+ * as long as the thread), and the last thread's in a borrowed one-entry cache
+ * keyed by the thread state's unique id (ids are never reused, so a stale
+ * entry never matches). */
+PyObject *state_key;               /* new object per _bind                      */
+uint64_t cached_tid;               /* 0: nothing cached                         */
+PyObject *cached_state;            /* borrowed; owned by that thread's dict     */
+
+/* A few _Skip markers kept for reuse: a perform that finds a fun clause
+ * allocates none when its marker was not kept alive by anyone else. */
+PyObject *skip_cache[SKIP_CACHE];
+int skip_cached;
+
+/* ---- attribute access ----------------------------------------------------- */
+
+/* ``h.fun.get(effect)``: 1 and a new reference in *clause when it is not
+ * None, 0 when it is, -1 on error. */
+static int
+find_fun(PyObject *h, PyObject *effect, PyObject **clause)
+{
+    PyObject *fun = get_handler_attr(h, g_handler_fun, off_fun, s_fun);
+    if (fun == NULL)
+        return -1;
+    PyObject *c;
+    if (PyDict_CheckExact(fun)) {
+        c = PyDict_GetItemWithError(fun, effect);
+        if (c == NULL) {
+            Py_DECREF(fun);
+            return PyErr_Occurred() ? -1 : 0;
+        }
+        Py_INCREF(c);
+    }
+    else {
+        c = PyObject_CallMethodOneArg(fun, s_get, effect);
+        if (c == NULL) {
+            Py_DECREF(fun);
+            return -1;
+        }
+    }
+    Py_DECREF(fun);
+    if (c == Py_None) {
+        Py_DECREF(c);
+        return 0;
+    }
+    *clause = c;
+    return 1;
+}
+
+/* ``effect in h.on``; a Stepper's handlers._Catch table is read here
+ * (``_Catch.__contains__``: effects None, or effect in effects, or the
+ * private _SUSPEND_TO_HOST effect). */
+static int
+in_on(PyObject *h, PyObject *effect)
+{
+    PyObject *on = get_handler_attr(h, g_handler_on, off_on, s_on);
+    if (on == NULL)
+        return -1;
+    int r;
+    PyObject *effects = Py_TYPE(on) == g_catch_t ? ((KCatch *)on)->effects : NULL;
+    if (PyDict_CheckExact(on))
+        r = PyDict_Contains(on, effect);
+    else if (effects == Py_None)
+        r = 1;
+    else if (effects != NULL && PyFrozenSet_CheckExact(effects)) {
+        r = PySet_Contains(effects, effect);
+        if (r == 0)
+            r = effect == g_suspend_to_host;
+    }
+    else
+        r = PySequence_Contains(on, effect);
+    Py_DECREF(on);
+    return r;
+}
+
+
+/* ``fibers.local.state`` (new reference). */
+PyObject *
+thread_state(void)
+{
+    PyThreadState *ts = PyThreadState_Get();
+    uint64_t tid = PyThreadState_GetID(ts);
+    if (tid == cached_tid && cached_state != NULL)
+        return Py_NewRef(cached_state);
+    PyObject *tdict = PyThreadState_GetDict();       /* borrowed */
+    PyObject *st = NULL;
+    if (tdict != NULL) {
+        st = PyDict_GetItemWithError(tdict, state_key);
+        if (st != NULL)
+            Py_INCREF(st);
+        else if (PyErr_Occurred())
+            return NULL;
+    }
+    if (st == NULL) {
+        st = PyObject_GetAttr(g_local, s_state);
+        if (st == NULL)
+            return NULL;
+        if (tdict == NULL || PyDict_SetItem(tdict, state_key, st) < 0) {
+            PyErr_Clear();           /* no caching for this thread: still correct */
+            return st;
+        }
+    }
+    cached_tid = tid;
+    cached_state = st;
+    return st;
+}
+
+/* ---- the handler stack ------------------------------------------------------ */
+
+/* ``len(f.stack) - 1`` into *i; -1 on error. */
+int
+top_index(PyObject *f, Py_ssize_t *i)
+{
+    PyObject *stack = get_slot(f, g_fiber_t, off_stack, s_stack);
+    if (stack == NULL)
+        return -1;
+    Py_ssize_t n = PyList_CheckExact(stack) ? PyList_GET_SIZE(stack) : PyObject_Size(stack);
+    Py_DECREF(stack);
+    if (n < 0)
+        return -1;
+    *i = n - 1;
+    return 0;
+}
+
+/* ``f.stack[i]`` (new reference), i >= 0. */
+static PyObject *
+stack_item(PyObject *f, Py_ssize_t i)
+{
+    PyObject *stack = get_slot(f, g_fiber_t, off_stack, s_stack);
+    if (stack == NULL)
+        return NULL;
+    PyObject *entry;
+    if (PyList_CheckExact(stack)) {
+        if (i < PyList_GET_SIZE(stack))
+            entry = Py_NewRef(PyList_GET_ITEM(stack, i));
+        else {
+            PyErr_SetString(PyExc_IndexError, "list index out of range");
+            entry = NULL;
+        }
+    }
+    else {
+        PyObject *key = PyLong_FromSsize_t(i);
+        entry = key == NULL ? NULL : PyObject_GetItem(stack, key);
+        Py_XDECREF(key);
+    }
+    Py_DECREF(stack);
+    return entry;
+}
+
+/* ``st.current.stack`` (new reference). */
+static PyObject *
+current_stack(PyObject *st)
+{
+    PyObject *cur = get_slot(st, g_tstate_t, off_current, s_current);
+    if (cur == NULL)
+        return NULL;
+    PyObject *stack = get_slot(cur, g_fiber_t, off_stack, s_stack);
+    Py_DECREF(cur);
+    return stack;
+}
+
+/* ``_Skip(f, i)`` (new reference): the slots are filled directly (_Skip has
+ * no __new__ or __init__ logic beyond that), reusing a cached marker if any. */
+PyObject *
+new_skip(PyObject *f, Py_ssize_t i)
+{
+    PyObject *index = PyLong_FromSsize_t(i);
+    if (index == NULL)
+        return NULL;
+    PyObject *skip;
+    if (skip_cached > 0)
+        skip = skip_cache[--skip_cached];
+    else {
+        skip = g_skip_t->tp_alloc(g_skip_t, 0);
+        if (skip == NULL) {
+            Py_DECREF(index);
+            return NULL;
+        }
+    }
+    SLOT(skip, off_skip_fiber) = Py_NewRef(f);
+    SLOT(skip, off_skip_index) = index;
+    return skip;
+}
+
+/* ``st.current.stack.append(skip)``; 0 or -1. */
+int
+push_marker(PyObject *st, PyObject *skip)
+{
+    PyObject *stack = current_stack(st);
+    if (stack == NULL)
+        return -1;
+    int r;
+    if (PyList_CheckExact(stack))
+        r = PyList_Append(stack, skip);
+    else {
+        PyObject *v = PyObject_CallMethodOneArg(stack, s_append, skip);
+        r = v == NULL ? -1 : 0;
+        Py_XDECREF(v);
+    }
+    Py_DECREF(stack);
+    return r;
+}
+
+/* Remove ``marker`` from ``st.current.stack`` (handlers._remove_marker): it is
+ * normally on top; a clause may have left a handler pushed above it.  Returns
+ * the removed entry (new reference), None if it is gone, or NULL on error. */
+PyObject *
+pop_marker(PyObject *st, PyObject *marker)
+{
+    PyObject *stack = current_stack(st);
+    if (stack == NULL)
+        return NULL;
+    PyObject *item;
+    if (PyList_CheckExact(stack) && PyList_GET_SIZE(stack) > 0
+        && PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1) != marker) {
+        item = Py_NewRef(Py_None);
+        for (Py_ssize_t j = PyList_GET_SIZE(stack) - 2; j >= 0; j--) {
+            if (PyList_GET_ITEM(stack, j) == marker) {
+                Py_SETREF(item, Py_NewRef(marker));
+                if (PyList_SetSlice(stack, j, j + 1, NULL) < 0)
+                    Py_CLEAR(item);
+                break;
+            }
+        }
+    }
+    else if (PyList_CheckExact(stack)) {
+        Py_ssize_t n = PyList_GET_SIZE(stack);
+        if (n == 0) {
+            PyErr_SetString(PyExc_IndexError, "pop from empty list");
+            item = NULL;
+        }
+        else if (n - 1 >= (((PyListObject *)stack)->allocated >> 2)
+                 || ((PyListObject *)stack)->allocated <= 64) {
+            /* list.pop() without a reallocation: just drop the last item,
+             * whose reference passes to us.  (list.pop() shrinks below half
+             * the capacity; a marker is pushed again soon, so we shrink only
+             * a large list below a quarter, sparing a realloc per perform.) */
+            item = PyList_GET_ITEM(stack, n - 1);
+            Py_SET_SIZE(stack, n - 1);
+        }
+        else {
+            item = Py_NewRef(PyList_GET_ITEM(stack, n - 1));
+            if (PyList_SetSlice(stack, n - 1, n, NULL) < 0)
+                Py_CLEAR(item);
+        }
+    }
+    else {
+        /* Not a list (never, from kina_fx itself): the reference does it. */
+        PyObject *mod = PyImport_ImportModule("kina_fx.handlers");
+        PyObject *fn = mod == NULL ? NULL : PyObject_GetAttrString(mod, "_remove_marker");
+        Py_XDECREF(mod);
+        PyObject *call[2] = {stack, marker};
+        item = fn == NULL ? NULL : PyObject_Vectorcall(fn, call, 2, NULL);
+        Py_XDECREF(fn);
+    }
+    Py_DECREF(stack);
+    return item;
+}
+
+/* Drop a popped entry; a marker nobody else refers to goes back to the cache. */
+void
+release_entry(PyObject *item)
+{
+    if (Py_TYPE(item) == g_skip_t && Py_REFCNT(item) == 1 && skip_cached < SKIP_CACHE) {
+        PyObject *fiber = SLOT(item, off_skip_fiber);
+        PyObject *index = SLOT(item, off_skip_index);
+        SLOT(item, off_skip_fiber) = NULL;
+        SLOT(item, off_skip_index) = NULL;
+        skip_cache[skip_cached++] = item;
+        Py_XDECREF(index);
+        Py_XDECREF(fiber);       /* may run arbitrary code: the cache is consistent */
+        return;
+    }
+    Py_DECREF(item);
+}
+
+/* ---- perform ----------------------------------------------------------------- */
+
+PyObject *
+args_tuple(PyObject *const *args, Py_ssize_t n)
+{
+    PyObject *t = PyTuple_New(n);
+    if (t == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0; k < n; k++)
+        PyTuple_SET_ITEM(t, k, Py_NewRef(args[k]));
+    return t;
+}
+
+/* Nothing handles the effect: ``effect.default(*args)`` or ``raise Unhandled(effect, args)``. */
+PyObject *
+unhandled(PyObject *effect, PyObject *const *args, Py_ssize_t n)
+{
+    int is_effect = PyObject_IsInstance(effect, g_effect_t);
+    if (is_effect <= 0) {
+        if (is_effect == 0)
+            PyErr_Format(PyExc_TypeError, "perform needs an Effect, not %R", effect);
+        return NULL;
+    }
+    PyObject *dflt = PyObject_GetAttr(effect, s_default);
+    if (dflt == NULL)
+        return NULL;
+    if (dflt != Py_None) {
+        PyObject *r = PyObject_Vectorcall(dflt, args, n, NULL);
+        Py_DECREF(dflt);
+        return r;
+    }
+    Py_DECREF(dflt);
+    PyObject *payload = args_tuple(args, n);
+    if (payload == NULL)
+        return NULL;
+    PyObject *call[2] = {effect, payload};
+    PyObject *exc = PyObject_Vectorcall(g_unhandled, call, 2, NULL);
+    Py_DECREF(payload);
+    if (exc == NULL)
+        return NULL;
+    if (PyExceptionInstance_Check(exc))
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    else
+        PyErr_SetString(PyExc_TypeError, "exceptions must derive from BaseException");
+    Py_DECREF(exc);
+    return NULL;
+}
+
+/* ``effect in h.on``: hand the chain up to ``f`` to handlers._suspend_perform.
+ * Steals the references to f and h. */
+PyObject *
+suspend_py(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, PyObject *h)
+{
+    PyObject *found = PyList_New(2);
+    if (found == NULL) {
+        Py_DECREF(f);
+        Py_DECREF(h);
+        return NULL;
+    }
+    PyList_SET_ITEM(found, 0, f);
+    PyList_SET_ITEM(found, 1, h);
+    PyObject *payload = args_tuple(args, n);
+    if (payload == NULL) {
+        Py_DECREF(found);
+        return NULL;
+    }
+    PyObject *call[3] = {effect, payload, found};
+    PyObject *r = PyObject_Vectorcall(g_suspend, call, 3, NULL);
+    Py_DECREF(payload);
+    Py_DECREF(found);
+    return r;
+}
+
+/* The search perform_at and kina_fast_perform share (handlers._perform_py's
+ * loop): from entry ``*ip`` of fiber ``*fp`` (-1: its control handler)
+ * outwards, the first handler with a clause for ``effect``.  ``*fp`` is an
+ * owned reference that moves along (NULL after an error).  Returns FOUND_FUN
+ * (``*clause`` set, a new reference, at (*fp, *ip)), FOUND_ON (``*on`` = the
+ * control handler of *fp, new reference), FOUND_NONE (*fp is None) or -1. */
+int
+find_clause(PyObject **fp, Py_ssize_t *ip, PyObject *effect, PyObject **clause, PyObject **on)
+{
+    PyObject *f = *fp;
+    Py_ssize_t i = *ip;
+    int found = -1;
+    for (;;) {
+        if (i >= 0) {
+            PyObject *entry = stack_item(f, i);
+            if (entry == NULL)
+                goto out;
+            if (Py_TYPE(entry) == g_skip_t) {
+                PyObject *nf = get_slot(entry, g_skip_t, off_skip_fiber, s_fiber);
+                PyObject *index = nf == NULL ? NULL : get_slot(entry, g_skip_t, off_skip_index, s_index);
+                Py_DECREF(entry);
+                if (index == NULL) {
+                    Py_XDECREF(nf);
+                    goto out;
+                }
+                Py_SETREF(f, nf);
+                i = PyLong_AsSsize_t(index);
+                Py_DECREF(index);
+                if (i == -1 && PyErr_Occurred())
+                    goto out;
+                i -= 1;
+                if (i >= -1)
+                    continue;
+            }
+            else {
+                int r = find_fun(entry, effect, clause);
+                Py_DECREF(entry);
+                if (r < 0)
+                    goto out;
+                if (r) {
+                    found = FOUND_FUN;
+                    goto out;
+                }
+                i -= 1;
+                continue;
+            }
+        }
+        else {
+            PyObject *h = get_slot(f, g_fiber_t, off_handler, s_handler);
+            if (h == NULL)
+                goto out;
+            if (h != Py_None) {
+                int r = find_fun(h, effect, clause);
+                if (r > 0) {
+                    Py_DECREF(h);
+                    found = FOUND_FUN;
+                    goto out;
+                }
+                if (r == 0)
+                    r = in_on(h, effect);
+                if (r < 0) {
+                    Py_DECREF(h);
+                    goto out;
+                }
+                if (r) {
+                    *on = h;
+                    found = FOUND_ON;
+                    goto out;
+                }
+            }
+            Py_DECREF(h);
+        }
+        Py_SETREF(f, get_slot(f, g_fiber_t, off_parent, s_parent));
+        if (f == NULL)
+            goto out;
+        if (f == Py_None) {
+            found = FOUND_NONE;
+            goto out;
+        }
+        if (top_index(f, &i) < 0)
+            goto out;
+    }
+out:
+    *fp = f;
+    *ip = i;
+    return found;
+}
+
+
+PyDoc_STRVAR(perform_doc,
+"perform($module, effect, /, *args)\n--\n\n"
+"Perform ``effect`` with ``args``; return the value the handler resumes with.\n\n"
+"Raises :class:`Unhandled` here, at the perform site, when no handler in\n"
+"scope handles ``effect`` and it has no ``default``.  (Compiled version of\n"
+"kina_fx.handlers._perform_py.)");
+
+static PyObject *
+perform(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1) {
+        PyErr_SetString(PyExc_TypeError, "perform() missing 1 required positional argument: 'effect'");
+        return NULL;
+    }
+    if (g_local == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "kina_fx._speedups is not bound (kina_fx.handlers binds it)");
+        return NULL;
+    }
+    PyObject *effect = args[0];
+    PyObject *const *cargs = args + 1;
+    Py_ssize_t n = nargs - 1;
+
+    PyObject *st = thread_state();
+    if (st == NULL)
+        return NULL;
+    PyObject *f = get_slot(st, g_tstate_t, off_current, s_current);
+    Py_ssize_t i;
+    if (f == NULL || top_index(f, &i) < 0) {
+        Py_XDECREF(f);
+        Py_DECREF(st);
+        return NULL;
+    }
+    return perform_at(st, f, i, effect, cargs, n);
+}
+
+/* The search and the clause calls of perform, from entry ``i`` of fiber
+ * ``f``'s stack on (i == -1: f's control handler).  Steals the references to
+ * ``st`` (fibers.local.state) and ``f``.  kina_fast_perform continues here
+ * when a C handler it called directly forwarded to something it does not
+ * call itself. */
+PyObject *
+perform_at(PyObject *st, PyObject *f, Py_ssize_t i, PyObject *effect,
+           PyObject *const *cargs, Py_ssize_t n)
+{
+    PyObject *clause = NULL;
+
+search:
+    {
+        PyObject *h = NULL;
+        switch (find_clause(&f, &i, effect, &clause, &h)) {
+        case FOUND_FUN:
+            break;
+        case FOUND_ON:
+            Py_DECREF(st);
+            return rt_suspend(effect, cargs, n, f, h);
+        case FOUND_NONE:
+            Py_DECREF(f);
+            Py_DECREF(st);
+            return unhandled(effect, cargs, n);
+        default:
+            goto error;
+        }
+    }
+
+    /* A tail-resumptive clause: run it here, outside its own handler.  ``f``
+     * and ``i`` stay: a clause returning FORWARD resumes the search below. */
+    PyObject *skip = new_skip(f, i);
+    if (skip == NULL)
+        goto error;
+    /* We keep our reference to ``skip`` until it is removed: a clause may take
+     * it off the stack itself, and the identity must stay valid. */
+    if (push_marker(st, skip) < 0) {
+        Py_DECREF(skip);
+        goto error;
+    }
+    PyObject *result = PyObject_Vectorcall(clause, cargs, n, NULL);
+    Py_CLEAR(clause);
+    if (result != NULL && Py_TYPE(result) == g_tail_t) {
+        /* see the top of this file: nest as the Python frame would have */
+        Py_SETREF(result, PyObject_CallOneArg(g_nested, result));
+    }
+    /* finally: st.current.stack.pop() */
+    PyObject *pending = result == NULL ? exc_save() : NULL;
+    PyObject *popped = pop_marker(st, skip);
+    if (popped != NULL)
+        Py_DECREF(popped);       /* ``skip`` (ours) or None: still alive */
+    release_entry(skip);         /* back to the cache unless someone kept it */
+    if (popped == NULL) {
+        Py_DECREF(st);
+        Py_DECREF(f);
+        Py_XDECREF(result);
+        if (pending != NULL) {
+            PyObject *exc = exc_save();
+            if (exc != NULL) {
+                PyException_SetContext(exc, pending);
+                exc_restore(exc);
+            }
+            else
+                exc_restore(pending);
+        }
+        return NULL;
+    }
+    if (pending != NULL) {
+        Py_DECREF(f);
+        Py_DECREF(st);
+        exc_restore(pending);
+        return result;
+    }
+    if (result == g_forward && g_forward != NULL) {
+        /* The clause declined: go on with the handlers below its own. */
+        Py_DECREF(result);
+        i -= 1;
+        if (i < -1) {
+            Py_SETREF(f, get_slot(f, g_fiber_t, off_parent, s_parent));
+            if (f == NULL)
+                goto error;
+            if (f == Py_None) {
+                Py_DECREF(f);
+                Py_DECREF(st);
+                return unhandled(effect, cargs, n);
+            }
+            if (top_index(f, &i) < 0)
+                goto error;
+        }
+        goto search;
+    }
+    Py_DECREF(f);
+    Py_DECREF(st);
+    return result;
+
+error:
+    Py_XDECREF(f);
+    Py_XDECREF(clause);
+    Py_DECREF(st);
+    return NULL;
+}
+
+PyMethodDef kfx_perform_methods[] = {
+    {"perform", (PyCFunction)(void (*)(void))perform, METH_FASTCALL, perform_doc},
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,75 @@
+"""Functions built from the primitives (no rules of their own), with the
+NumPy functions they stand for on Tensors."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import gpu_ops
+from ..errors import ValidationError
+from .primitives import numpy_rule
+from .tensor import Tensor, _as_array, _holds_tensor, _raw, _shape, array_module
+from .tensor import recordable as o
+
+__all__ = ["dot", "ravel", "flatten", "squeeze", "array"]
+
+
+@numpy_rule(np.dot)
+def dot(a: Any, b: Any) -> Any:
+    """NumPy's ``dot``: products of scalars, ``matmul`` for rank <= 2 (and for a
+    1-D or 2-D ``b``), and for N-D ``b`` the sum over ``a``'s last axis and
+    ``b``'s second-to-last."""
+    a, b = _as_array(a), _as_array(b)
+    sa, sb = _shape(_raw(a)), _shape(_raw(b))
+    if not sa or not sb:
+        return o.mul(a, b)
+    if len(sb) <= 2:
+        return o.matmul(a, b)
+    # move b's contracted axis (-2) first: (k, rest...) -> (k, prod(rest))
+    nb = len(sb)
+    perm = (nb - 2,) + tuple(i for i in range(nb) if i != nb - 2)
+    rest = tuple(sb[i] for i in perm[1:])
+    b2 = o.reshape(o.transpose(b, perm), (sb[-2], math.prod(rest)))
+    return o.reshape(o.matmul(a, b2), tuple(sa[:-1]) + rest)
+
+
+@numpy_rule(np.ravel)
+def ravel(x: Any) -> Any:
+    """``x`` flattened to one dimension (C order)."""
+    return o.reshape(x, (-1,))
+
+
+def flatten(x: Any) -> Any:
+    """``x`` flattened to one dimension (``Tensor.flatten``)."""
+    return o.reshape(x, (-1,))
+
+
+@numpy_rule(np.squeeze)
+def squeeze(x: Any, axis: Any = None) -> Any:
+    """``x`` without its size-1 axes (only ``axis`` when given; one that is
+    not of size 1 is a ValidationError)."""
+    shape = _shape(_raw(x))
+    if axis is None:
+        axes = {i for i, s in enumerate(shape) if s == 1}
+    else:
+        axes = {gpu_ops.normalize_axis(int(a), len(shape))
+                for a in (axis if isinstance(axis, (tuple, list)) else (axis,))}
+        for a in axes:
+            if shape[a] != 1:
+                raise ValidationError(f"squeeze: axis {a} has size {shape[a]}, not 1")
+    return o.reshape(x, tuple(s for i, s in enumerate(shape) if i not in axes))
+
+
+def array(obj: Any, dtype: Any = None) -> Any:
+    """An array from ``obj`` as ``numpy.array`` makes it, but differentiable:
+    Tensors (also inside lists and tuples) keep their traces."""
+    if isinstance(obj, Tensor) or (isinstance(obj, (list, tuple)) and _holds_tensor(obj)):
+        return Tensor(obj, dtype)
+    return array_module(obj).array(_as_array(obj), dtype=dtype)
+
+
+for _method in (ravel, flatten, squeeze):
+    setattr(Tensor, _method.__name__, _method)
+del _method

@@ -1,0 +1,532 @@
+"""Reverse mode: the Tape, a handler whose clauses record primitives.
+
+A :class:`Tape` is a handler of tail-resumptive ``fun`` clauses, one per
+primitive of the op table.  A clause looks at the arguments: if none is one of
+*its own* boxes it performs the primitive again (outer handlers see it,
+nothing is recorded).  Otherwise it unwraps its boxes, performs the primitive
+on the values one level out (an enclosing trace records *that*), records one
+node and answers with a new box.  No fiber switch on the hot path.
+
+``Tape.gradient`` walks the nodes backwards in a plain loop.  The rules are
+written against an operation namespace: the recordable one when an enclosing
+trace may be watching (grad of grad, jvp of grad), the raw kernels otherwise
+(:data:`BACKWARD_OBSERVED`): the first-order fast path performs no effects.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable
+
+import numpy as _np
+
+from ..errors import KinaTypeError, ValidationError
+from ..handlers import Effect, Handler, perform
+from .primitives import COMPLEX_REFUSAL, PRIMITIVES, bump_generation, registry_generation
+from .tensor import Tensor, _box, _lift, _new, _raw, _shape, array_module, kernels, recordable
+
+__all__ = ["Tape", "BACKWARD_OBSERVED", "observe_backward", "ops_for_backward",
+           "COMPLEX_REFUSAL", "is_complex", "own", "register_clauses", "as_input"]
+
+_pymax = max
+
+# --- observing the backward pass -----------------------------------------------------
+
+#: Performed once per backward pass.  Its default answers False: nobody outside
+#: wants to see the pass, which then runs on the raw kernels (fast path).  Live
+#: tapes and jvp traces answer True (their values may flow through the pass:
+#: that is how grad of grad works), and so does :func:`observe_backward`.
+BACKWARD_OBSERVED = Effect("kina_fx.autograd.backward_observed")
+setattr(BACKWARD_OBSERVED, "default", lambda: False)
+
+
+def _yes():
+    return True
+
+
+def observe_backward() -> Handler:
+    """A handler making backward passes perform their primitives, so handlers
+    installed around it (op loggers, FLOP counters, casts) see them too::
+
+        with Handler(fun={effect_of("matmul"): count}), observe_backward():
+            g = grad(loss)(w)
+    """
+    return Handler(fun={BACKWARD_OBSERVED: _yes})
+
+
+def ops_for_backward():
+    """The namespace a backward pass runs its rules on now."""
+    return recordable if perform(BACKWARD_OBSERVED) else kernels
+
+
+# --- complex numbers are refused ---------------------------------------------------------
+
+def is_complex(v: Any) -> bool:
+    c = v.__class__
+    if c is float or c is int:
+        return False
+    if c is complex:
+        return True
+    dt = getattr(v, "dtype", None)
+    return dt is not None and dt.kind == "c"
+
+
+def _refuse_complex(prim):
+    raise KinaTypeError(f"{COMPLEX_REFUSAL} (a complex operand of {prim.name} meets a "
+                        "traced value)")
+
+
+# --- the tape ---------------------------------------------------------------------------
+
+_tags = itertools.count(1)
+
+
+class Tape:
+    """A reverse-mode trace.  Use it directly or through ``grad``/``vjp``::
+
+        with Tape() as t:
+            x = t.watch(x0)
+            y = (x * x).sum()
+        dx, = t.gradient(y, [x])
+
+    While the ``with`` block runs, the tape's handler intercepts every
+    primitive; ops on its own boxes are recorded, the rest pass through.
+    """
+
+    def __init__(self, name: str | None = None):
+        self.tag = next(_tags)
+        self.name = name or f"tape{self.tag}"
+        self._nodes: list = []   # (rule, out_id, in_ids, u, v, out, prim): see _backward
+        self._n = 0              # ids handed out so far
+        self._leaves: dict = {}  # id -> (name or None, value), for watched values
+        self._live = False
+        self._handler: Any = None
+
+    def __repr__(self):
+        return f"<Tape {self.name} nodes={len(self._nodes)}{' live' if self._live else ''}>"
+
+    # -- recording --
+    def __enter__(self) -> "Tape":
+        if self._live:
+            raise ValidationError(f"{self!r} is already recording")
+        # Handlers are pooled: building one (a clause per primitive) costs more
+        # than a small function's whole forward pass.  A pooled handler's
+        # clauses read the tape from its _Recorder, so a box of an earlier
+        # tape never passes for one of this tape (boxes name their Tape).
+        self._handler = _take_handler(_tape_pool, _new_tape_handler)
+        handler, rec = self._handler
+        rec.tape = self
+        handler.__enter__()
+        self._live = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._live = False
+        handler, rec = self._handler
+        self._handler = None
+        handler.__exit__(*exc)
+        rec.tape = None
+        _give_back(_tape_pool, handler, rec)
+
+    def watch(self, x, name: str | None = None) -> Tensor:
+        """A box of this tape for ``x`` (array, scalar or Tensor): the values
+        gradients can be taken with respect to.
+
+        A plain (untraced) Tensor is watched in place, as TensorFlow's
+        ``tape.watch(x)``: ``x`` itself becomes the box (and goes back to
+        acting as a plain Tensor when the tape finishes).  Arrays and scalars
+        get a new box, which is returned."""
+        if x.__class__ is Tensor and self._live and (x._trace is None or not x._trace._live):
+            v = _lift(x)
+            if v.__class__ is not Tensor:          # plain all the way down: adopt
+                as_input(v)                        # (type checks)
+                i = self._n
+                self._n = i + 1
+                self._leaves[i] = (name, v)
+                x._value = v
+                x._trace = self
+                x._id = i
+                return x
+        return self._watch(x, name)
+
+    def _watch(self, x, name=None):
+        if x.__class__ is Tensor and x._trace is self:
+            x = x._value
+        x = as_input(x)
+        i = self._n
+        self._n = i + 1
+        self._leaves[i] = (name, x)
+        return _box(x, self, i)
+
+    # -- the backward pass --
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None) -> Any:
+        """Gradients of ``target`` (a box or a list of boxes of this tape) with
+        respect to ``sources`` (a box or a list of boxes).  ``output_gradients``
+        are the cotangents of the targets (default: ones).  A source the
+        targets do not depend on gets zeros.  Returns a list when ``sources``
+        is a list or tuple, else one value; values are one level in (arrays,
+        or boxes of an enclosing trace)."""
+        single = not isinstance(sources, (list, tuple))
+        srcs = [sources] if single else list(sources)
+        targets = target if isinstance(target, (list, tuple)) else [target]
+        if output_gradients is None:
+            seeds = [None] * len(targets)
+        else:
+            seeds = output_gradients if isinstance(target, (list, tuple)) \
+                else [output_gradients]
+        grads = [None] * self._n
+        for t, s in zip(targets, seeds):
+            if t.__class__ is not Tensor or t._trace is not self:
+                continue          # a constant target: contributes nothing
+            if s is None:
+                v = _raw(t)
+                s = array_module(v).ones(_shape(v), dtype=getattr(v, "dtype", None))
+            elif s.__class__ is Tensor:
+                s = _lift(s)
+            j = t._id
+            grads[j] = s if grads[j] is None else recordable.add(grads[j], s)
+        self._backward(grads, ops_for_backward())
+        out = []
+        for x in srcs:
+            if x.__class__ is not Tensor or x._trace is not self:
+                raise ValidationError("gradient sources must be boxes of this tape "
+                                      "(values returned by tape.watch or made on it)")
+            g = grads[x._id]
+            if g is None:
+                v = _raw(x)
+                g = array_module(v).zeros(_shape(v), dtype=getattr(v, "dtype", None))
+            out.append(g)
+        return out[0] if single else out
+
+    def _backward(self, grads, o):
+        # A plain loop over the recorded nodes, newest first.  A node is
+        # (rule, out_id, in_ids, u, v, out, prim).  One-input nodes have an int
+        # ``in_ids`` and ``rule(o, g, out, u[, v])`` returns its cotangent:
+        # elementwise primitives (u = x, v = None), primitives with parameters
+        # (u = x, v = the parameters) and binary ones with one traced operand
+        # (u, v = a, b).  The others have a tuple of ids (-1: constant), u, v =
+        # arrays, parameters, and ``rule(o, g, out, u, v, ids)`` returns one
+        # cotangent per id.
+        for rule, oid, ids, u, v, out, _ in reversed(self._nodes):
+            g = grads[oid]
+            if g is None:
+                continue
+            if ids.__class__ is int:
+                ct = rule(o, g, out, u) if v is None else rule(o, g, out, u, v)
+                prev = grads[ids]
+                grads[ids] = ct if prev is None else o.add(prev, ct)
+                continue
+            for j, ct in zip(ids, rule(o, g, out, u, v, ids)):
+                if j >= 0 and ct is not None:
+                    prev = grads[j]
+                    grads[j] = ct if prev is None else o.add(prev, ct)
+
+    # -- drawing --
+    def to_dot(self, name: str = "tape") -> str:
+        """The recorded graph in Graphviz DOT: one ellipse per value
+        (watched inputs filled), one box per primitive application."""
+        lines = [f"digraph {name} {{", "  rankdir=LR;",
+                 "  node [fontname=\"Helvetica\", fontsize=10];"]
+
+        def label(v):
+            v = _raw(v)
+            return f"{tuple(_shape(v))} {getattr(v, 'dtype', type(v).__name__)}"
+
+        for k, (i, (leaf, value)) in enumerate(self._leaves.items()):
+            leaf = leaf or f"x{k}"
+            lines.append(f"  v{i} [label=\"{leaf}\\n{label(value)}\", shape=ellipse, style=filled, "
+                         f"fillcolor=lightblue];")
+        for k, (rule, oid, ids, u, v, out, prim) in enumerate(self._nodes):
+            lines.append(f"  op{k} [label=\"{prim.name}\", shape=box];")
+            lines.append(f"  v{oid} [label=\"{label(out)}\", shape=ellipse];")
+            for j in ((ids,) if ids.__class__ is int else ids):
+                if j >= 0:
+                    lines.append(f"  v{j} -> op{k};")
+            lines.append(f"  op{k} -> v{oid};")
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+
+def as_input(x: Any) -> Any:
+    """A leaf passed to a transform (or watched), as the value its box will hold."""
+    if x.__class__ is Tensor:
+        x = _lift(x)
+        if x.__class__ is Tensor:
+            return x
+    if isinstance(x, bool) or (hasattr(x, "dtype") and x.dtype.kind == "b"):
+        raise KinaTypeError("cannot differentiate with respect to a bool")
+    if isinstance(x, complex) or is_complex(x):
+        raise KinaTypeError(COMPLEX_REFUSAL)
+    if isinstance(x, (int, float)):
+        return _np.asarray(x, dtype=_np.float64)
+    if isinstance(x, _np.generic):
+        x = _np.asarray(x)
+    if hasattr(x, "dtype") and hasattr(x, "shape"):
+        if x.dtype.kind != "f":
+            raise KinaTypeError(f"cannot differentiate with respect to dtype {x.dtype} "
+                                "(use a floating-point array)")
+        return x
+    if isinstance(x, (list, tuple)):
+        from .tensor import _as_array
+        return as_input(_as_array(x) if x else _np.asarray(x, dtype=_np.float64))
+    raise KinaTypeError(f"cannot trace a value of type {type(x).__name__}")
+
+
+# --- clauses ------------------------------------------------------------------------------
+
+
+def own(tape, x):
+    """(id, inner value) for an argument of a primitive seen by ``tape``."""
+    if x.__class__ is Tensor:
+        tr = x._trace
+        if tr is tape:
+            return x._id, x._value
+        if tr is None or not tr._live:
+            x = _lift(x)
+            if x.__class__ is Tensor and x._trace is tape:
+                return x._id, x._value
+    return -1, x
+
+
+class _Recorder:
+    """What a pooled handler's clauses read: the trace now using it."""
+
+    __slots__ = ("tape",)
+
+    def __init__(self, tape=None):
+        self.tape = tape
+
+
+class _Pool:
+    """Finished traces' handlers, kept while the op table does not change."""
+
+    def __init__(self):
+        self.items = []
+        self.generation = -1
+
+
+_tape_pool = _Pool()
+
+
+def _take_handler(pool, build):
+    if pool.generation != registry_generation():
+        pool.items = []
+        pool.generation = registry_generation()
+    if pool.items:
+        return pool.items.pop()
+    return build()
+
+
+def _give_back(pool, handler, rec):
+    if pool.generation == registry_generation() and len(pool.items) < 64:
+        pool.items.append((handler, rec))
+
+
+def extra_clauses():
+    """Clauses every trace's handler has besides one per primitive (effect ->
+    (make_tape_clause, make_jvp_clause)): see :func:`register_clauses`."""
+    return _EXTRA
+
+
+_EXTRA: dict = {}
+
+
+def register_clauses(effect: Effect, make_tape_clause: Callable,
+                     make_jvp_clause: Callable) -> None:
+    """Give every tape and jvp trace a clause for ``effect`` (not a primitive
+    of the table: :mod:`kina_fx.autograd.custom` uses it for custom_vjp and
+    custom_jvp calls).  ``make_*_clause(rec)`` builds the clause of one
+    handler; ``rec.tape`` is the trace using it."""
+    _EXTRA[effect] = (make_tape_clause, make_jvp_clause)
+    bump_generation()
+
+
+def _new_tape_handler():
+    rec = _Recorder()
+    fun = {p.effect: clause_factory(p)(rec) for p in PRIMITIVES.values()}
+    for eff, (make_tape, _) in _EXTRA.items():
+        fun[eff] = make_tape(rec)
+    fun[BACKWARD_OBSERVED] = _yes
+    return Handler(fun=fun), rec
+
+
+_factories: dict = {}
+
+
+def clause_factory(prim):
+    """``make(rec) -> clause`` for one primitive, built once; a clause records
+    on ``rec.tape``."""
+    factory = _factories.get(prim)
+    if factory is None:
+        if prim.sequence:
+            factory = _sequence_factory(prim)
+        elif prim.nin == 1 and prim.diff == (True,) and prim.nparams == 0:
+            factory = _elementwise_factory(prim, prim.vjp_rules[0])
+        elif prim.nin == 1 and prim.diff == (True,):
+            factory = _unary_factory(prim, _params_adapter(prim.vjp_rules[0]))
+        elif prim.nin == 2 and prim.diff == (True, True) and prim.nparams == 0:
+            factory = _binary_factory(prim)
+        else:
+            factory = _general_factory(prim)
+        _factories[prim] = factory
+    return factory
+
+
+def _params_adapter(rule):
+    def node_rule(o, g, out, x, params):
+        return rule(o, g, out, x, *params)
+    node_rule.__name__ = getattr(rule, "__qualname__", "rule")
+    return node_rule
+
+
+def _elementwise_factory(prim, rule):
+    eff = prim.effect
+
+    def make(rec):
+        def clause(x):
+            if x.__class__ is Tensor:
+                tape = rec.tape
+                if x._trace is not tape:
+                    tr = x._trace
+                    if tr is not None and tr._live:
+                        return perform(eff, x)     # an enclosing trace's box
+                    x = _lift(x)       # a plain Tensor or a finished trace's box
+                    if x.__class__ is not Tensor or x._trace is not tape:
+                        return perform(eff, x)
+                v = x._value
+                out = perform(eff, v)
+                i = tape._n
+                tape._n = i + 1
+                tape._nodes.append((rule, i, x._id, v, None, out, prim))
+                b = _new(Tensor)
+                b._value = out
+                b._trace = tape
+                b._id = i
+                return b
+            return perform(eff, x)
+        return clause
+    return make
+
+
+def _unary_factory(prim, rule):
+    eff = prim.effect
+
+    def make(rec):
+        def clause(x, *params):
+            if x.__class__ is Tensor:
+                tape = rec.tape
+                tr = x._trace
+                if tr is not tape and (tr is None or not tr._live):
+                    x = _lift(x)
+                    tr = x._trace if x.__class__ is Tensor else None
+                if tr is tape:
+                    v = x._value
+                    out = perform(eff, v, *params)
+                    i = tape._n
+                    tape._n = i + 1
+                    tape._nodes.append((rule, i, x._id, v, params, out, prim))
+                    b = _new(Tensor)
+                    b._value = out
+                    b._trace = tape
+                    b._id = i
+                    return b
+            return perform(eff, x, *params)
+        return clause
+    return make
+
+
+def _binary_factory(prim):
+    eff = prim.effect
+    rule = prim.vjp
+    rule_a, rule_b = prim.vjp_rules
+
+    def make(rec):
+        def clause(a, b):
+            tape = rec.tape
+            ia = ib = -1
+            if a.__class__ is Tensor:
+                if a._trace is tape:
+                    ia = a._id
+                    a = a._value
+                else:
+                    ia, a = own(tape, a)
+            if b.__class__ is Tensor:
+                if b._trace is tape:
+                    ib = b._id
+                    b = b._value
+                else:
+                    ib, b = own(tape, b)
+            out = perform(eff, a, b)
+            i = tape._n
+            if ib < 0:
+                if ia < 0:
+                    return out
+                if b.__class__ is not float and is_complex(b):
+                    _refuse_complex(prim)
+                tape._nodes.append((rule_a, i, ia, a, b, out, prim))
+            elif ia < 0:
+                if a.__class__ is not float and is_complex(a):
+                    _refuse_complex(prim)
+                tape._nodes.append((rule_b, i, ib, a, b, out, prim))
+            else:
+                tape._nodes.append((rule, i, (ia, ib), (a, b), (), out, prim))
+            tape._n = i + 1
+            r = _new(Tensor)
+            r._value = out
+            r._trace = tape
+            r._id = i
+            return r
+        return clause
+    return make
+
+
+def _general_factory(prim):
+    eff, rule, nin, diff = prim.effect, prim.vjp, prim.nin, prim.diff
+
+    def make(rec):
+        def clause(*args):
+            tape = rec.tape
+            ids = []
+            inner = list(args)
+            for k in range(nin):
+                i, inner[k] = own(tape, args[k])
+                ids.append(i if diff[k] else -1)
+            out = perform(eff, *inner)
+            if _pymax(ids) < 0:
+                return out
+            for k in range(nin):
+                if ids[k] < 0 and is_complex(inner[k]):
+                    _refuse_complex(prim)
+            i = tape._n
+            tape._n = i + 1
+            tape._nodes.append((rule, i, tuple(ids), tuple(inner[:nin]), tuple(inner[nin:]),
+                                out, prim))
+            return _box(out, tape, i)
+        return clause
+    return make
+
+
+def _sequence_factory(prim):
+    eff, rule, diff = prim.effect, prim.vjp, prim.diff[0]
+
+    def make(rec):
+        def clause(xs, *params):
+            tape = rec.tape
+            ids = []
+            inner = []
+            for x in xs:
+                i, v = own(tape, x)
+                ids.append(i if diff else -1)
+                inner.append(v)
+            inner = tuple(inner)
+            out = perform(eff, inner, *params)
+            if not ids or _pymax(ids) < 0:
+                return out
+            for i, v in zip(ids, inner):
+                if i < 0 and is_complex(v):
+                    _refuse_complex(prim)
+            i = tape._n
+            tape._n = i + 1
+            tape._nodes.append((rule, i, tuple(ids), (inner,), params, out, prim))
+            return _box(out, tape, i)
+        return clause
+    return make

@@ -1,0 +1,266 @@
+"""The Tensor: an array autograd can trace, and the helpers that see through boxes.
+
+A ``Tensor`` is either *plain* (``_trace is None``: a wrapped NumPy/CuPy array)
+or a *box* of one trace (a :class:`~kina_fx.autograd.tape.Tape` or a jvp
+trace): ``_value`` is then the value one level further out -- an array, or a
+box of an enclosing trace -- and ``_id`` its index on that trace.
+
+The operators, most methods and the NumPy protocol (``__array_ufunc__``,
+``__array_function__``) are installed by the op registry
+(:mod:`kina_fx.autograd.primitives` and :mod:`kina_fx.autograd.numpy_protocol`):
+an op declares its operator or method where it is defined.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import gpu_ops
+from ..errors import KinaTypeError
+
+array_module = gpu_ops.array_module
+_new = object.__new__
+
+
+class Tensor:
+    """An array (NumPy or CuPy) that autograd transforms can trace.
+
+    ``Tensor(data, dtype=None)``: ``data`` is an array, a scalar, a Tensor or
+    a (nested) list/tuple of them.  A Tensor passed in keeps its trace (a new
+    box of the same value; with ``dtype`` a differentiable cast), and a
+    sequence holding Tensors is stacked differentiably, so ``Tensor`` never
+    cuts a gradient.  Inside ``grad``/``vjp``/``jvp``/``Tape`` the values a
+    function sees are Tensors too (boxes of their trace).
+
+    Tensors are not hashable (``==`` compares elementwise, as for NumPy and JAX
+    arrays).  Converting a box of a running trace to a Python float or a NumPy
+    array (``float(t)``, ``t.item()``, ``np.asarray(t)``, ``t.numpy()``) is a
+    ``TypeError``: the result would silently stop depending on the input.  Use
+    ``t.data`` (explicitly a constant) or ``stop_gradient``.
+    """
+
+    __slots__ = ("_value", "_trace", "_id", "_tangent", "__weakref__")
+    __array_priority__ = 1000
+    __hash__ = None  # type: ignore[assignment]    # elementwise __eq__, like ndarray
+
+    _value: Any          # an array, or a box of an enclosing trace
+    _trace: Any          # None (plain), a Tape or a JVPTrace
+    _id: int             # index on the trace (-1: none)
+    _tangent: Any        # jvp duals only
+
+    def __new__(cls, data: Any, dtype: Any = None) -> "Tensor":
+        if data.__class__ is Tensor:
+            if dtype is not None and np.dtype(dtype) != np.dtype(_raw(data).dtype):
+                return recordable.cast(data, dtype)
+            t = _new(Tensor)
+            t._value = data._value
+            t._trace = data._trace
+            t._id = data._id
+            if data._trace is not None and hasattr(data, "_tangent"):
+                t._tangent = data._tangent
+            return t
+        if isinstance(data, (list, tuple)):
+            data = _as_array(data)
+            if data.__class__ is Tensor:
+                return Tensor(data, dtype)
+        xp = array_module(data)
+        return _plain(xp.asarray(data, dtype=dtype))
+
+    # -- array-like surface --
+    @property
+    def shape(self) -> tuple:
+        return _raw(self).shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return _raw(self).dtype
+
+    @property
+    def ndim(self) -> int:
+        return _raw(self).ndim
+
+    @property
+    def size(self) -> int:
+        return _raw(self).size
+
+    @property
+    def data(self) -> Any:
+        """The backend array (NumPy or CuPy) under every level of tracing:
+        a constant (no gradient flows through it)."""
+        return _raw(self)
+
+    def numpy(self) -> np.ndarray:
+        """The value as a NumPy array (copied from the device for CuPy)."""
+        _refuse_if_traced(self, "Tensor.numpy()")
+        return _to_numpy(_raw(self))
+
+    def __array__(self, dtype=None, copy=None):
+        _refuse_if_traced(self, "numpy.asarray/numpy.array of a Tensor")
+        a = _to_numpy(_raw(self))
+        return a if dtype is None else a.astype(dtype)
+
+    def tolist(self) -> Any:
+        _refuse_if_traced(self, "Tensor.tolist()")
+        return _to_numpy(_raw(self)).tolist()
+
+    def item(self) -> Any:
+        _refuse_if_traced(self, "Tensor.item()")
+        return _raw(self).item()
+
+    def __float__(self):
+        _refuse_if_traced(self, "float() of a Tensor")
+        return float(_raw(self))
+
+    def __complex__(self):
+        _refuse_if_traced(self, "complex() of a Tensor")
+        return complex(_raw(self))
+
+    # Integers and booleans are piecewise constant: their derivative is zero,
+    # so converting a traced value to one loses nothing.
+    def __int__(self):
+        return int(_raw(self))
+
+    def __bool__(self):
+        return bool(_raw(self))
+
+    def __len__(self):
+        return len(_raw(self))
+
+    def __iter__(self):
+        if self.ndim == 0:
+            raise TypeError("iteration over a 0-d Tensor")
+        return (self[i] for i in range(len(self)))
+
+    def __repr__(self):
+        level = "" if self._trace is None else f", traced by {self._trace!r}"
+        return f"Tensor({_raw(self)!r}{level})"
+
+    def __pos__(self):
+        return self
+
+    # Comparisons are not differentiable: they answer raw boolean arrays, the
+    # same traced and untraced.
+    def __eq__(self, other):
+        return _raw(self) == _raw(other)
+
+    def __ne__(self, other):
+        return _raw(self) != _raw(other)
+
+    def __lt__(self, other):
+        return _raw(self) < _raw(other)
+
+    def __le__(self, other):
+        return _raw(self) <= _raw(other)
+
+    def __gt__(self, other):
+        return _raw(self) > _raw(other)
+
+    def __ge__(self, other):
+        return _raw(self) >= _raw(other)
+
+
+def _to_numpy(v):
+    if isinstance(v, np.ndarray) or np.isscalar(v):
+        return np.asarray(v)
+    return v.get()
+
+
+def _raw(v):
+    """``v`` with every level of Tensor wrapping removed (an array or a scalar)."""
+    while v.__class__ is Tensor:
+        v = v._value
+    return v
+
+
+def _plain(value):
+    """A plain (untraced) Tensor around a raw result."""
+    t = _new(Tensor)
+    t._value = value
+    t._trace = None
+    t._id = -1
+    return t
+
+
+def _box(value, trace, i):
+    """A box of ``trace`` (id ``i``) holding ``value`` (one level out)."""
+    t = _new(Tensor)
+    t._value = value
+    t._trace = trace
+    t._id = i
+    return t
+
+
+def _lift(v):
+    """Drop wrappers that no live trace owns: plain Tensors and the boxes of
+    traces that have finished.  The result is a raw value or a live box."""
+    while v.__class__ is Tensor:
+        tr = v._trace
+        if tr is not None and tr._live:
+            return v
+        v = v._value
+    return v
+
+
+def is_traced(v: Any) -> bool:
+    """Whether ``v`` is (or holds, one level in) a box of a running trace."""
+    return v.__class__ is Tensor and _lift(v).__class__ is Tensor
+
+
+def _refuse_if_traced(t, what):
+    if is_traced(t):
+        raise KinaTypeError(
+            f"{what} would drop the gradient of a traced value (the result would "
+            "not depend on the inputs being differentiated). Keep it a Tensor; for "
+            "arrays of traced values use kina_fx.autograd.stack or Tensor([...]); "
+            "for an explicit constant use t.data or stop_gradient(t)")
+
+
+def _shape(v):
+    return v.shape if hasattr(v, "shape") else ()
+
+
+def _holds_tensor(seq) -> bool:
+    for v in seq:
+        if v.__class__ is Tensor:
+            return True
+        if isinstance(v, (list, tuple)) and _holds_tensor(v):
+            return True
+    return False
+
+
+def _as_array(v):
+    """An array argument as the op will see it: a (nested) list or tuple is
+    turned into an array as NumPy would, but stacked with the differentiable
+    ``stack`` when it holds Tensors, so no trace is cut."""
+    if not isinstance(v, (list, tuple)):
+        return v
+    if not _holds_tensor(v):
+        xp = array_module(*[x for x in v if not isinstance(x, (list, tuple))])
+        if xp is np:
+            return np.asarray(v)
+        return xp.stack([xp.asarray(_as_array(x)) for x in v])
+    return recordable.stack([_as_array(x) for x in v], 0)
+
+
+class OpNamespace:
+    """Operations by name, filled in by the op registry as ops are defined.
+
+    Backward and forward rules are written once against such a namespace
+    ``o``: :data:`recordable` (the public, performing functions: every
+    operation is visible to enclosing traces, which is how derivatives of
+    derivatives work) or :data:`kernels` (the raw kernels: the first-order
+    fast path, performing nothing)."""
+
+    def __init__(self, name):
+        self._name = name
+
+    def __repr__(self):
+        return f"<ops {self._name}: {len(vars(self)) - 1} operations>"
+
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Any: ...
+
+
+recordable = OpNamespace("recordable")
+kernels = OpNamespace("kernels")

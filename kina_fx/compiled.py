@@ -1,0 +1,236 @@
+"""Calling compiled code (MLIR, C) with arrays, and differentiating through it.
+
+A shared object compiled from MLIR exports ``_mlir_ciface_<fn>`` wrappers
+(``llvm.emit_c_interface``).  A wrapper takes each memref by pointer: a ranked
+``memref<?x?xf32>`` as a pointer to its descriptor, declared
+``kina_memref_descriptor_t *``; an unranked ``memref<*xf32>`` as
+``kina_unranked_memref_t *``::
+
+    from kina_fx import compiled
+    mod = compiled.load("mlp.so", '''
+        int32_t _mlir_ciface_mlp_loss(kina_memref_descriptor_t *loss, kina_memref_descriptor_t *x,
+                                      kina_memref_descriptor_t *labels, kina_memref_descriptor_t *w1,
+                                      kina_memref_descriptor_t *b1, kina_memref_descriptor_t *w2,
+                                      kina_memref_descriptor_t *b2);
+    ''')
+    mlp_loss = mod.function("_mlir_ciface_mlp_loss", outputs=1)
+    loss = mlp_loss(np.zeros((), np.float32), x, labels, w1, b1, w2, b2)
+
+Arguments that are arrays (NumPy, CuPy) or :class:`kina_fx.autograd.Tensor`
+are passed as memrefs over their memory (zero-copy): a parameter declared
+``kina_unranked_memref_t *`` gets an unranked memref (``memref<*xf32>``), one
+declared ``kina_memref_descriptor_t *`` the ranked descriptor that
+``llvm.emit_c_interface`` passes for a ranked ``memref<?x?xf32>`` (its rank is
+not in the C type: pass arrays of the rank the MLIR function declares); other
+parameters take ints as they are.  The first ``outputs`` arguments are output
+buffers, returned after the call (one value, or a tuple).  A non-zero status
+raises the exception that caused it inside the runtime (e.g. ``TapeError``), or
+else the exception class of that status with ``kina_last_error``'s text
+(:func:`kina_fx.errors.exception_for`).
+
+**Gradients.**  When an argument is a traced Tensor (inside ``ad.grad``,
+``ad.vjp``, ``ad.jvp`` or a ``Tape``), the call runs under a
+:class:`~kina_fx.memory_tape.BufferTracer` that knows each argument's buffer
+as its Tensor: the runtime ops the compiled code calls are computed by
+autograd's primitives and recorded by the live trace, and each output is
+returned as the Tensor its buffer holds.  A Tensor argument is passed as a
+copy of its value, so compiled code that updates an argument in place leaves
+the Tensor (and what backward computes from it) as it was; plain arrays are
+passed as they are, and declared constant.  The tracer is strict by default: a
+floating buffer the compiled code computed without runtime calls (loops), or
+an output it did not produce with one, raises
+:class:`~kina_fx.memory_tape.TapeError` instead of yielding a wrong gradient.
+"""
+from __future__ import annotations
+
+import os
+
+from . import autograd as ad
+from . import ffi, memref
+from .errors import exception_for
+from .gpu_ops import array_module
+from .memory_tape import BufferTracer
+
+__all__ = ["load", "CompiledModule", "CompiledFunction"]
+
+
+_PRELUDE = """
+typedef struct { int64_t rank; void *descriptor; } kina_unranked_memref_t;
+typedef struct { void *allocated; void *aligned; int64_t offset; int64_t sizes_and_strides[]; }
+    kina_memref_descriptor_t;
+"""
+UNRANKED, RANKED = "kina_unranked_memref_t *", "kina_memref_descriptor_t *"
+
+
+class CompiledModule:
+    """A shared object opened in this process, next to ``libkina_fx.so``."""
+
+    def __init__(self, path: str, declarations: str):
+        import cffi
+
+        self._kina_ffi, self._kina = ffi.load_library()   # its runtime calls land here
+        self.path = os.path.abspath(path)
+        self.ffi = cffi.FFI()
+        self.ffi.cdef(_PRELUDE + declarations)
+        self.lib = self.ffi.dlopen(self.path)
+
+    def function(self, name: str, outputs: int = 0, strict: bool = True) -> "CompiledFunction":
+        """The exported function ``name``; its first ``outputs`` arguments are output buffers."""
+        function = getattr(self.lib, name)
+        kinds = [a.cname for a in self.ffi.typeof(function).args]
+        return CompiledFunction(self, name, function, kinds, outputs, strict)
+
+    def __getattr__(self, name):
+        if name.startswith("_") and not name.startswith("_mlir_ciface_"):
+            raise AttributeError(name)
+        return self.function(name)
+
+    def __repr__(self):
+        return f"<CompiledModule {self.path}>"
+
+
+def load(path: str, declarations: str) -> CompiledModule:
+    """Open the shared object at ``path``; ``declarations`` are the C prototypes to call."""
+    return CompiledModule(path, declarations)
+
+
+class CompiledFunction:
+    """One exported function: converts arguments, checks the status, returns the outputs."""
+
+    def __init__(self, module, name, function, kinds, outputs, strict):
+        self.module = module
+        self.name = name
+        self._function = function
+        self._kinds = kinds
+        self._snapshots: dict = {}     # (shape, dtype) -> spare buffers for traced arguments' copies
+        self.outputs = outputs
+        self.strict = strict
+
+    def __repr__(self):
+        return f"<CompiledFunction {self.name} of {self.module.path}>"
+
+    def _spare_copy(self, array):
+        # A copy of a traced argument for the compiled code to work on, in a
+        # reused buffer: a fresh one costs page faults on every call.
+        spares = self._snapshots.get((array.shape, array.dtype.str))
+        copy = spares.pop() if spares else array_module(array).empty(array.shape, array.dtype)
+        array_module(array).copyto(copy, array)
+        return copy
+
+    def _release(self, snapshots):
+        for copy in snapshots:
+            spares = self._snapshots.setdefault((copy.shape, copy.dtype.str), [])
+            if len(spares) < 4:
+                spares.append(copy)
+
+    def __call__(self, *args):
+        if len(args) < self.outputs:
+            raise TypeError(f"{self.name} takes {self.outputs} output buffer(s) first, "
+                            f"got {len(args)} argument(s)")
+        traced = any(isinstance(a, ad.Tensor) for a in args)
+        tracer = BufferTracer(strict=self.strict) if traced else None
+        if len(args) != len(self._kinds):
+            raise TypeError(f"{self.name} takes {len(self._kinds)} arguments, got {len(args)}")
+        keep, c_args, arrays = [], [], []
+        for i, (a, kind) in enumerate(zip(args, self._kinds)):
+            if kind not in (UNRANKED, RANKED):
+                c_args.append(a)
+                arrays.append(None)
+                continue
+            traced_arg = isinstance(a, ad.Tensor)
+            if i < self.outputs and traced_arg:
+                raise TypeError(f"{self.name}: output {i} must be an array to write into, not a Tensor")
+            array = a.data if traced_arg else a
+            if tracer is not None and traced_arg:
+                # Backward reads the Tensor's value: compiled code that updates
+                # its argument in place must write a copy, not that value.  The
+                # copy's buffer is reused across calls; the value itself is what
+                # the copy must still hold when a recorded op reads it.
+                original, array = array, self._spare_copy(array)
+                keep.append(array)
+            m = memref.descriptor_of(array)
+            keep.append(m)
+            if kind == UNRANKED:
+                c_args.append(m.pointer_for(self.module.ffi))
+            else:       # a ranked memref<...> parameter: MLIR passes its descriptor itself
+                c_args.append(m.descriptor_pointer_for(self.module.ffi))
+            arrays.append(m.array)
+            if tracer is not None and i >= self.outputs:
+                if traced_arg:
+                    tracer.bind(m.array, a, original)
+                else:           # a plain array: passed as it is, a constant (copied now)
+                    tracer.declare_constant(m.array)
+        if tracer is not None:
+            tracer.start()
+            try:
+                status = self._function(*c_args)
+            finally:
+                tracer.stop()
+                self._release([k for k in keep if not isinstance(k, memref.UnrankedMemref)])
+        else:
+            status = self._function(*c_args)
+        if status:
+            original = ffi.take_last_exception(status)
+            if original is not None:
+                raise original
+            text = self.module._kina_ffi.string(self.module._kina.kina_last_error()).decode("utf-8", "replace")
+            raise exception_for(status, f"{self.name}: {text}")
+        results = [args[i] if tracer is None else tracer.produced(arrays[i], f"{self.name}: output {i}")
+                   for i in range(self.outputs)]
+        return results[0] if self.outputs == 1 else tuple(results)
+
+
+# ---- compiling MLIR ------------------------------------------------------------------
+
+#: The lowering pipeline from the func/memref/arith/scf/cf/linalg dialects to the
+#: LLVM dialect (mlir-opt-19), as docs/autograd-abi.md describes it.
+MLIR_PIPELINE = (
+    "--convert-linalg-to-loops", "--convert-scf-to-cf", "--expand-strided-metadata", "--lower-affine",
+    "--finalize-memref-to-llvm", "--convert-math-to-llvm", "--convert-func-to-llvm",
+    "--convert-arith-to-llvm", "--convert-cf-to-llvm", "--reconcile-unrealized-casts",
+)
+MLIR_TOOLS = ("mlir-opt-19", "mlir-translate-19", "clang-19")
+
+
+def missing_mlir_tools() -> list:
+    """The MLIR 19 tools (Debian's mlir-19-tools, clang-19) not on PATH."""
+    import shutil
+
+    return [tool for tool in MLIR_TOOLS if shutil.which(tool) is None]
+
+
+def compile_mlir(source: str, output: str) -> str:
+    """Lower the MLIR module ``source`` and link it into the shared object ``output``.
+
+    mlir-opt-19 (:data:`MLIR_PIPELINE`) -> mlir-translate-19 --mlir-to-llvmir ->
+    clang-19 -shared, linked against this libkina_fx.so (with an rpath), so
+    its runtime calls resolve to the library kina_fx loads.  Raises
+    ``RuntimeError`` naming the step and its output when a step fails, or the
+    missing tools.
+    """
+    import subprocess
+    import tempfile
+
+    missing = missing_mlir_tools()
+    if missing:
+        raise RuntimeError(f"compiling MLIR needs {', '.join(missing)} "
+                           "(Debian: apt-get install mlir-19-tools clang-19)")
+    libdir = os.path.dirname(ffi.library_path())
+    with tempfile.TemporaryDirectory(prefix="kina_fx-mlir-") as tmp:
+        llvm_dialect, ll = os.path.join(tmp, "lowered.mlir"), os.path.join(tmp, "module.ll")
+        steps = [
+            ["mlir-opt-19", source, *MLIR_PIPELINE, "-o", llvm_dialect],
+            ["mlir-translate-19", "--mlir-to-llvmir", llvm_dialect, "-o", ll],
+            ["clang-19", "-O2", "-shared", "-fPIC", "-Wno-override-module", ll, "-o", output,
+             f"-L{libdir}", f"-Wl,-rpath,{libdir}", "-lkina_fx"],
+        ]
+        for step in steps:
+            result = subprocess.run(step, capture_output=True, text=True)
+            if result.returncode:
+                raise RuntimeError(f"{step[0]} failed ({result.returncode}):\n{result.stderr}")
+    return output
+
+
+def example_path(name: str) -> str:
+    """The path of an MLIR example shipped with kina_fx (``"mlp.mlir"``)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "examples", name)

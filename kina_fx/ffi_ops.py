@@ -1,0 +1,128 @@
+"""The Python side of the runtime ops' C exports, one callback per row of the op table.
+
+Each ``_mlir_ciface_runtime_*`` wrapper of ``kina_runtime_ops.h`` calls the
+callback built here for its row of :data:`kina_fx.runtime_ops.RUNTIME_OPS`.
+The callback only translates: memref descriptors become NumPy (CuPy) views,
+then it performs the op's effect with those views and the ``int32_t``
+parameters.  The effect's default runs the kernel; a tape answers it instead
+(:mod:`kina_fx.memory_tape`).  Exceptions become status codes in
+:mod:`kina_fx.ffi`, which attaches these callbacks.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import gpu_ops, memref
+from .errors import ValidationError
+from .handlers import perform
+from .runtime_ops import RUNTIME_OPS
+
+F32, F16, I64 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int64)
+
+# Memoised descriptor -> view caches of the CPU path, one per dtype and role.
+_VIEWS = {(dt, out): memref.ViewCache(dt, out) for dt in (F32, F16, I64) for out in (False, True)}
+
+
+def check_device_ordinal(ordinal: int) -> None:
+    """ValidationError unless ``ordinal`` names a device of the selected backend."""
+    count = 1
+    if gpu_ops.device() == "cuda":
+        count = gpu_ops.cupy_module().cuda.runtime.getDeviceCount()
+    if not 0 <= ordinal < count:
+        raise ValidationError(f"device {ordinal} out of range: {count} device(s) "
+                              f"on the {gpu_ops.device()} backend")
+
+
+class Operands:
+    """Arrays for one call's memrefs on the selected backend.
+
+    CPU: zero-copy NumPy views (memoised, :class:`memref.ViewCache`).
+    CUDA: zero-copy CuPy views of device/managed memory; host memory the device
+    cannot address is staged, and staged outputs are written back by
+    :meth:`finish`.
+    """
+
+    __slots__ = ("xp", "_write_backs", "_staged")
+
+    def __init__(self):
+        self.xp = gpu_ops.backend()
+        self._write_backs = []
+        self._staged = []
+
+    def get(self, ptr, dtype, name, output=False):
+        if self.xp is np:
+            return _VIEWS[(dtype, output)].view(ptr, name)
+        d = memref.read_descriptor(ptr, name)
+        if output:
+            memref.check_output_layout(d, name)
+        arr = memref.cupy_view(d, dtype, self.xp, name)
+        if arr is None:
+            arr, write_back = memref.host_staged(d, dtype, self.xp, name)
+            self._staged.append(arr)
+            if output:
+                self._write_backs.append(write_back)
+        return arr
+
+    def finish(self):
+        """Make the results visible to the host: synchronise, write staged outputs back."""
+        gpu_ops.synchronize(self.xp)
+        for write_back in self._write_backs:
+            write_back()
+
+    def release(self):
+        """Forget the staged copies (after the call, whether it succeeded or not)."""
+        memref.release_staged(self._staged)
+        self._staged.clear()
+
+
+def _make_callback(op):
+    effect = op.effect
+    roles = tuple((o.dtype, i == 0, o.name) for i, o in enumerate(op.operands))
+    n = len(roles)
+    check_device = "device" in op.params
+    device_index = op.params.index("device") if check_device else -1
+    device = gpu_ops.device
+
+    if n == 3 and not op.params:
+        # The hottest shape (matmul, the binary ops): no varargs, cached views.
+        (d0, _, n0), (d1, _, n1), (d2, _, n2) = roles
+        out_view, in1_view, in2_view = _VIEWS[(d0, True)].view, _VIEWS[(d1, False)].view, _VIEWS[(d2, False)].view
+
+        def callback(out, a, b):
+            if device() == "cpu":
+                perform(effect, out_view(out, n0), in1_view(a, n1), in2_view(b, n2))
+                return 0
+            ops = Operands()
+            try:
+                perform(effect, ops.get(out, d0, n0, True), ops.get(a, d1, n1), ops.get(b, d2, n2))
+                ops.finish()
+            finally:
+                ops.release()
+            return 0
+    else:
+        def callback(*args):
+            params = args[n:]
+            ops = Operands()
+            try:
+                # Check order (docs/abi.md): the memrefs, in parameter order, then the rest.
+                arrays = [ops.get(p, dt, name, out) for p, (dt, out, name) in zip(args, roles)]
+                if check_device:
+                    check_device_ordinal(params[device_index])
+                perform(effect, *arrays, *params)
+                ops.finish()
+            finally:
+                ops.release()
+            return 0
+    callback.__name__ = op.callback
+    callback.__qualname__ = op.callback
+    callback.__doc__ = f"The callback of {op.export}: {op.doc}."
+    return callback
+
+
+#: Callback name -> function, for :func:`kina_fx.ffi.attach`.
+CALLBACKS = {op.callback: _make_callback(op) for op in RUNTIME_OPS}
+
+
+def cdef() -> str:
+    """The C declarations of the op exports, for :func:`kina_fx.ffi.load_library` (ABI mode)."""
+    return "".join(f"int32_t {op.export}({op.c_parameters()});\n" for op in RUNTIME_OPS)

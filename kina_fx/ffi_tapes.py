@@ -1,0 +1,152 @@
+"""The Python side of the tape ABI (``kina_tape_*``, kina_tape_exports.h).
+
+Only translation: handles become :class:`kina_fx.memory_tape.MemoryTape`
+objects (generation-tagged, like fiber handles: a stale or freed handle is
+status 1), memref descriptors become views, ``KINA_DTYPE_*`` codes become
+dtypes.  :mod:`kina_fx.ffi` attaches these callbacks with its error
+translation.  The ``kina_py_mlir_*`` callbacks serve the
+``_mlir_ciface_kina_tape_*`` exports, the same functions in the form MLIR's
+``llvm.emit_c_interface`` calls (the handle as an ``i64``, the element type in
+the name).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ValidationError
+from .ffi_effects import HandleTable
+from .ffi_ops import Operands
+from .memory_tape import MemoryTape, dtype_of_code
+
+TAPE_KIND = 3
+KINA_TAPE_STRICT, KINA_TAPE_LENIENT = 0, 1
+F32, I64 = np.dtype(np.float32), np.dtype(np.int64)
+
+tape_handles = HandleTable(TAPE_KIND, "tape")
+
+
+def _require(pointer, name):
+    if not pointer:
+        raise ValidationError(f"{name} is NULL")
+
+
+def _tape(handle) -> MemoryTape:
+    return tape_handles.get(int(handle) & 0xFFFFFFFFFFFFFFFF)
+
+
+def _with_views(fn, *buffers):
+    """``fn(*views)`` for ``(pointer, dtype, name, output)`` buffers, on the selected backend."""
+    ops = Operands()
+    try:
+        result = fn(*[ops.get(ptr, dtype, name, output) for ptr, dtype, name, output in buffers])
+        ops.finish()
+        return result
+    finally:
+        ops.release()
+
+
+def _begin(flags) -> int:
+    if flags not in (KINA_TAPE_STRICT, KINA_TAPE_LENIENT):
+        raise ValidationError(f"kina_tape_begin: unknown flags {flags} "
+                              "(KINA_TAPE_STRICT = 0, KINA_TAPE_LENIENT = 1)")
+    tape = MemoryTape(strict=flags == KINA_TAPE_STRICT)
+    handle = tape_handles.add(tape)
+    try:
+        tape.begin()
+    except BaseException:
+        tape_handles.remove(handle)
+        raise
+    return handle
+
+
+def kina_py_tape_begin(flags, out_tape):
+    _require(out_tape, "out_tape")
+    out_tape[0] = _begin(flags)
+    return 0
+
+
+def kina_py_mlir_tape_begin(out_handle, flags):
+    def begin(view):
+        if view.size < 1:
+            raise ValidationError("out_handle must have at least one element")
+        view.flat[0] = _begin(flags)    # kind << 56 | ...: always a positive int64
+    _with_views(begin, (out_handle, I64, "out_handle", True))
+    return 0
+
+
+def _watch(handle, buffer, dtype):
+    _with_views(_tape(handle).watch, (buffer, dtype, "buffer", False))
+    return 0
+
+
+def _constant(handle, buffer, dtype):
+    _with_views(_tape(handle).constant, (buffer, dtype, "buffer", False))
+    return 0
+
+
+def kina_py_tape_watch(handle, buffer, dtype):
+    return _watch(handle, buffer, dtype_of_code(dtype))
+
+
+def kina_py_tape_constant(handle, buffer, dtype):
+    return _constant(handle, buffer, dtype_of_code(dtype))
+
+
+def kina_py_mlir_tape_watch_f32(handle, buffer):
+    return _watch(handle, buffer, F32)
+
+
+def kina_py_mlir_tape_constant_f32(handle, buffer):
+    return _constant(handle, buffer, F32)
+
+
+def kina_py_mlir_tape_constant_i64(handle, buffer):
+    return _constant(handle, buffer, I64)
+
+
+def kina_py_tape_end(handle):
+    _tape(handle).end()
+    return 0
+
+
+def kina_py_tape_backward(handle, output, cotangent):
+    _with_views(_tape(handle).backward, (output, F32, "output", False),
+                (cotangent, F32, "cotangent", False))
+    return 0
+
+
+def kina_py_tape_grad(handle, watched, out_grad):
+    _with_views(_tape(handle).grad, (watched, F32, "watched", False),
+                (out_grad, F32, "out_grad", True))
+    return 0
+
+
+kina_py_mlir_tape_backward_f32 = kina_py_tape_backward
+kina_py_mlir_tape_grad_f32 = kina_py_tape_grad
+
+
+def kina_py_tape_free(handle):
+    tape = _tape(handle)
+    tape.free()
+    tape_handles.remove(int(handle) & 0xFFFFFFFFFFFFFFFF)
+    return 0
+
+
+CALLBACKS = {name: fn for name, fn in globals().items() if name.startswith("kina_py_")}
+
+#: The C declarations of the tape ABI, for kina_fx.ffi.load_library (ABI mode).
+CDEF = """
+int32_t kina_tape_begin(int32_t flags, kina_tape_t *out_tape);
+int32_t kina_tape_watch(kina_tape_t tape, kina_unranked_memref_t *buffer, int32_t dtype);
+int32_t kina_tape_constant(kina_tape_t tape, kina_unranked_memref_t *buffer, int32_t dtype);
+int32_t kina_tape_end(kina_tape_t tape);
+int32_t kina_tape_backward(kina_tape_t tape, kina_unranked_memref_t *output, kina_unranked_memref_t *cotangent);
+int32_t kina_tape_grad(kina_tape_t tape, kina_unranked_memref_t *watched, kina_unranked_memref_t *out_grad);
+int32_t kina_tape_free(kina_tape_t tape);
+int32_t _mlir_ciface_kina_tape_begin(kina_unranked_memref_t *out_handle, int32_t flags);
+int32_t _mlir_ciface_kina_tape_watch_f32(int64_t tape, kina_unranked_memref_t *buffer);
+int32_t _mlir_ciface_kina_tape_constant_f32(int64_t tape, kina_unranked_memref_t *buffer);
+int32_t _mlir_ciface_kina_tape_constant_i64(int64_t tape, kina_unranked_memref_t *buffer);
+int32_t _mlir_ciface_kina_tape_backward_f32(int64_t tape, kina_unranked_memref_t *output, kina_unranked_memref_t *cotangent);
+int32_t _mlir_ciface_kina_tape_grad_f32(int64_t tape, kina_unranked_memref_t *watched, kina_unranked_memref_t *out_grad);
+"""

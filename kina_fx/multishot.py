@@ -1,0 +1,360 @@
+"""Multi-shot continuations by replay.
+
+``MultiHandler`` is a deep handler whose continuations can be resumed any
+number of times: backtracking search, non-determinism (``amb``), enumeration
+of probability distributions.  kina_fx's fibers are one-shot (a suspended
+greenlet can be resumed once), so the later shots are made by *replay*, the
+technique of Koppel, Scherer and Solar-Lezama, "Capturing the future by
+replaying the past" (ICFP 2018):
+
+* every answer the handled computation receives for an effect that reaches the
+  handler is recorded, in order;
+* the first use of a continuation resumes the live, suspended computation
+  (exactly what a one-shot handler does, at the same cost);
+* every later use runs the handled function again from its start, answering
+  its first performs from the record of that continuation, and the new answer
+  at the perform the continuation was captured at; from there it runs live.
+
+Why replay rather than copying interpreter frames: a replayed run is an
+ordinary run, so it is correct whatever is on the stack, C frames included
+(``sorted(key=...)``, ``list(map(...))``, a C extension calling back), and
+nothing on the heap that the computation creates is shared between shots (an
+iterator made inside the body is made anew for each).
+
+The price, and the rules (docs/effects.md, "Multi-shot continuations"):
+
+* The handled function must be deterministic given the answers to its
+  effects.  Side effects that do not go through effects (``print``, appending
+  to a list defined outside) are repeated by every replay.  What can be
+  checked is: a replayed run that performs a different effect, with arguments
+  of a different value or type, or that ends before reaching the point being
+  replayed, raises :class:`ReplayDiverged`.
+* Effects that the handler does not handle but that reach it (they are handled
+  further out, or have a ``default``) are forwarded outward once, and their
+  answers recorded like the others: replays do not perform them again, so an
+  outer state handler sees each ``put`` once, as with a real multi-shot
+  continuation.  Effects handled by handlers the body installs itself are
+  re-run by replays (they are part of the deterministic body).
+* A replay costs a re-run of the prefix: a shot captured after ``n`` performs
+  costs ``n`` recorded answers (each a fiber round trip, about a microsecond)
+  plus the body's own work up to there.
+* ``fn`` and ``args`` are called again as they are: a body must not depend on
+  mutating its arguments.
+
+Handlers that do not opt in (plain :class:`~kina_fx.handlers.Handler`) keep
+one-shot continuations and :class:`~kina_fx.errors.ContinuationAlreadyResumed`;
+nothing here touches their speed.
+"""
+from __future__ import annotations
+
+import sys
+
+from . import fibers
+from .errors import ValidationError
+from .fibers import RAISED, Chain
+from .handlers import FORWARD, Effect, Handler, perform
+
+__all__ = ["MultiHandler", "MultiContinuation", "ReplayDiverged"]
+
+# Past this many Python frames a replay starts on a fresh fiber, so that deep
+# searches (a shot inside a shot inside a shot...) cost heap, not RecursionError.
+_HOP_DEPTH = 300
+
+
+class ReplayDiverged(ValidationError):
+    """A replayed run did not retrace the run it replays: the handled function
+    is not deterministic given the answers to its effects."""
+
+
+class MultiHandler:
+    """A deep handler whose ``on`` clauses receive multi-shot continuations.
+
+    ``MultiHandler(on=None, fun=None, ret=None, exc=None)`` takes the clauses
+    of :class:`~kina_fx.handlers.Handler`, with the same meaning, except that
+    the ``k`` an ``on`` clause receives is a :class:`MultiContinuation`, which
+    ``resume`` and ``discontinue`` accept any number of times.  ``fun``
+    clauses run once per perform (their answers are recorded and replayed).
+    ``run(fn, *args)`` runs ``fn(*args)`` under it and returns the handler's
+    result, like ``Handler.run``.
+    """
+
+    __slots__ = ("on", "fun", "ret", "exc")
+
+    def __init__(self, on=None, fun=None, ret=None, exc=None):
+        checked = Handler(on=on, fun=fun, ret=ret, exc=exc)   # the same validation
+        self.on, self.fun, self.ret, self.exc = checked.on, checked.fun, checked.ret, checked.exc
+
+    def run(self, fn, *args):
+        """Run ``fn(*args)`` under this handler; return the handler's result."""
+        if not callable(fn):
+            raise TypeError("MultiHandler.run needs a callable")
+        return _Run(self, fn, args, ()).start()
+
+    def handles(self):
+        """The effects this handler has a clause for."""
+        return frozenset(self.on) | frozenset(self.fun)
+
+    def __repr__(self):
+        names = [e.name for e in self.on] + [e.name + "(fun)" for e in self.fun]
+        return f"<MultiHandler {', '.join(names) or 'empty'}>"
+
+
+class MultiContinuation:
+    """The rest of a handled run from one perform on; resumable any number of times.
+
+    The first ``resume``/``discontinue`` continues the suspended run itself;
+    each later one replays the run from its start (see the module docstring).
+    Each returns what the handler returns for that branch.
+    """
+
+    __slots__ = ("_run", "_entry_at", "_effect", "_args", "_live", "shots")
+
+    def __init__(self, run, effect, args, live):
+        self._run = run
+        self._entry_at = run.log            # the record up to this perform
+        self._effect = effect
+        self._args = args
+        self._live = live
+        self.shots = 0                     # how many times it was resumed or discontinued
+
+    def resume(self, value=None):
+        """Continue the run with ``value`` as the perform's result."""
+        return self._shot((False, value))
+
+    def discontinue(self, exc):
+        """Continue the run by raising ``exc`` at the perform."""
+        if isinstance(exc, type) and issubclass(exc, BaseException):
+            exc = exc()
+        if not isinstance(exc, BaseException):
+            raise TypeError(f"discontinue needs an exception, not {exc!r}")
+        return self._shot((True, exc))
+
+    def _shot(self, send):
+        self.shots += 1
+        entry = (self._effect, self._args, send)
+        live = self._live
+        if live is not None:
+            self._live = None
+            self._run.log = (self._entry_at, entry)
+            if send[0]:
+                return live.discontinue(send[1])
+            return live.resume(send[1])
+        script = _unroll(self._entry_at)
+        script.append(entry)
+        run = self._run
+        return _Run(run.owner, run.fn, run.args, tuple(script)).start()
+
+    def __reduce__(self):
+        raise TypeError("a continuation cannot be pickled")
+
+    def __repr__(self):
+        return f"<MultiContinuation at {self._effect.name} after {self.shots} shots>"
+
+
+def _unroll(node):
+    """The record (a linked list of (previous, entry) pairs) as a list, oldest first."""
+    entries = []
+    while node is not None:
+        node, entry = node
+        entries.append(entry)
+    entries.reverse()
+    return entries
+
+
+class _Table:
+    """The ``on`` table of a run's one-shot handler: every effect that reaches
+    it is answered by the run (from its record, by a clause, or outward)."""
+
+    __slots__ = ("run", "clauses")
+
+    def __init__(self, run):
+        self.run = run
+        self.clauses = {}
+
+    def __contains__(self, effect):
+        return True
+
+    def __getitem__(self, effect):
+        clause = self.clauses.get(effect)
+        if clause is None:
+            run = self.run
+            clause = self.clauses[effect] = lambda k, *args: run.answer(effect, k, args)
+        return clause
+
+    def __iter__(self):              # what Handler.__repr__ lists
+        return iter(self.run.owner.on)
+
+
+class _Recorded:
+    """The ``fun`` table of a replay's in-place handler: every effect is answered
+    from the record while it lasts."""
+
+    __slots__ = ("run", "clauses")
+
+    def __init__(self, run):
+        self.run = run
+        self.clauses = {}
+
+    def get(self, effect, default=None):
+        clause = self.clauses.get(effect)
+        if clause is None:
+            run = self.run
+            clause = self.clauses[effect] = lambda *args: run.recorded(effect, args)
+        return clause
+
+
+class _Run:
+    """One run of the handled function: the first, or a replay of a prefix."""
+
+    __slots__ = ("owner", "fn", "args", "script", "pos", "log", "__weakref__")
+
+    def __init__(self, owner, fn, args, script):
+        self.owner = owner
+        self.fn = fn
+        self.args = args
+        self.script = script            # entries (effect, args, send) to answer from
+        self.pos = 0                    # how many of them were answered
+        self.log = None                 # this run's record so far (linked list)
+
+    def start(self):
+        handler = Handler(ret=self.returned, exc=self.raised)
+        handler.on = _Table(self)
+        body = self.replay if self.script else self.fn
+        args = () if self.script else self.args
+        if _stack_is_deep():
+            return _on_fresh_stack(handler.run, body, *args)
+        return handler.run(body, *args)
+
+    def replay(self):
+        # The recorded answers are given in place, by an in-place handler under
+        # everything the body installs: no fiber switch for the replayed prefix.
+        # Past the record it declines (FORWARD) and the perform reaches the
+        # ``on`` table of the run's handler, as in the first run.
+        answers = Handler()
+        answers.fun = _Recorded(self)
+        with answers:
+            return self.fn(*self.args)
+
+    def recorded(self, effect, args):
+        """The in-place answer of a replay: the recorded one, while there is one."""
+        pos = self.pos
+        if pos >= len(self.script):
+            return FORWARD
+        recorded_effect, recorded_args, send = self.script[pos]
+        if recorded_effect is not effect or not _same_args(recorded_args, args):
+            raise ReplayDiverged(
+                f"replaying perform #{pos + 1}: the run performed {effect.name}{_show(args)} "
+                f"where the recorded run performed {recorded_effect.name}{_show(recorded_args)}")
+        self.pos = pos + 1
+        self.log = (self.log, (effect, args, send))
+        if send[0]:
+            raise send[1]
+        return send[1]
+
+    def answer(self, effect, k, args):
+        """The ``on`` clause of the run's handler, for every effect past the record."""
+        owner = self.owner
+        clause = owner.on.get(effect)
+        if clause is not None:
+            mk = MultiContinuation(self, effect, args, k)
+            del k
+            # Plain calls (not ``*args``) for the common arities: the tail-resume
+            # check only sees through those, and ``return k.resume(v)`` in the
+            # clause then runs in constant stack, as with a one-shot handler.
+            n = len(args)
+            if n == 1:
+                return clause(mk, args[0])
+            if n == 0:
+                return clause(mk)
+            if n == 2:
+                return clause(mk, args[0], args[1])
+            return clause(mk, *args)
+        fun = owner.fun.get(effect)
+        try:
+            # Not an ``on`` effect: a fun clause of ours answers it, or it goes
+            # on outward (this clause runs outside the run's handler).
+            value = fun(*args) if fun is not None else perform(effect, *args)
+        except Exception as exc:
+            self.log = (self.log, (effect, args, (True, exc)))
+            return k.discontinue(exc)
+        self.log = (self.log, (effect, args, (False, value)))
+        return k.resume(value)
+
+    def returned(self, value):
+        self._check_complete("returned")
+        ret = self.owner.ret
+        return value if ret is None else ret(value)
+
+    def raised(self, exc):
+        if isinstance(exc, ReplayDiverged):
+            raise exc
+        try:
+            self._check_complete(f"raised {type(exc).__name__}")
+        except ReplayDiverged as diverged:
+            raise diverged from exc
+        handle = self.owner.exc
+        if handle is None:
+            raise exc
+        return handle(exc)
+
+    def _check_complete(self, how):
+        if self.pos < len(self.script):
+            raise ReplayDiverged(
+                f"the replayed run {how} after {self.pos} performs; the recorded run "
+                f"performed {len(self.script)} before the point being replayed")
+
+
+def _same_args(a, b):
+    if a is b:
+        return True
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x is y:
+            continue
+        kind = type(x)
+        if kind is not type(y):
+            return False
+        if kind in _PLAIN:
+            if x != y and not (x != x and y != y):     # NaN is the same NaN again
+                return False
+        elif _fingerprint(x) != _fingerprint(y):
+            return False
+    return True
+
+
+_PLAIN = frozenset({int, float, complex, str, bytes, bool, type(None), range, Effect})
+_VALUES = tuple(_PLAIN)
+
+
+def _fingerprint(value, depth=0):
+    # What a replay must reproduce exactly: plain values by value, containers
+    # element by element, anything else by type.  (Comparing arbitrary objects
+    # with == would call fresh-but-equivalent objects of a replay different.)
+    if isinstance(value, _VALUES):
+        return value
+    if isinstance(value, (tuple, list, frozenset, set)) and depth < 4:
+        items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value
+        return (type(value), tuple(_fingerprint(v, depth + 1) for v in items))
+    return type(value)
+
+
+def _show(args):
+    text = repr(args if len(args) != 1 else args[0])
+    return f"({text[:60] + '...' if len(text) > 60 else text})"
+
+
+def _stack_is_deep() -> bool:
+    try:
+        sys._getframe(_HOP_DEPTH)
+    except ValueError:
+        return False
+    return True
+
+
+def _on_fresh_stack(fn, *args):
+    helper = fibers.new_fiber(fn, args)
+    kind, _, payload = fibers.switch_into(Chain(helper, helper), (False, None))
+    if kind is RAISED:
+        raise payload
+    return payload

@@ -1,0 +1,118 @@
+"""Every public NumPy function, applied to a traced Tensor, has a rule or refuses:
+no third outcome (a silently untraced result).
+
+* NumPy dispatches ufuncs and array functions (``np.ufunc``, functions with
+  ``_implementation``) to ``Tensor.__array_ufunc__``/``__array_function__``:
+  each is either in the rule table (``NUMPY_RULES``: differentiated), in
+  ``NONDIFFERENTIABLE`` (boolean or integer results: computed raw), or raises
+  kina_fx's TypeError naming it.
+* The functions NumPy does not dispatch (constructors, ``np.asarray``, scalar
+  types, configuration) can only reach a Tensor's values through
+  ``__array__``/``__float__``, which refuse traced Tensors: each raises, or
+  returns something holding no floating-point data (a dtype, a bool, a string).
+"""
+import warnings
+
+import numpy as np
+import pytest
+
+from kina_fx import autograd as ad
+from kina_fx.autograd.numpy_protocol import NONDIFFERENTIABLE
+from kina_fx.errors import KinaTypeError
+
+#: Public callables (in any of the modules) not called here, and why.
+NOT_CALLED = {
+    "test": "runs NumPy's own test suite",
+    "show_config": "prints the build configuration (no array argument)",
+    "show_runtime": "prints the runtime configuration (no array argument)",
+    "info": "prints documentation about its argument",
+}
+
+
+def public_callables():
+    out = []
+    for prefix, module in (("numpy.", np), ("numpy.linalg.", np.linalg), ("numpy.fft.", np.fft)):
+        for name in sorted(dir(module)):
+            if name.startswith("_"):
+                continue
+            f = getattr(module, name)
+            if callable(f) and name not in NOT_CALLED:
+                out.append((prefix + name, f))
+    return out
+
+
+def dispatched(f):
+    return isinstance(f, np.ufunc) or hasattr(f, "_implementation")
+
+
+def holds_float_data(r):
+    if isinstance(r, ad.Tensor):
+        return True
+    if isinstance(r, (float, complex, np.inexact)):
+        return True
+    if isinstance(r, np.ndarray):
+        return r.dtype.kind in "fc" or (r.dtype == object and any(map(holds_float_data, r.flat)))
+    if isinstance(r, (list, tuple)):
+        return any(holds_float_data(x) for x in r)
+    return False
+
+
+def outcome(f, traced):
+    """'rule', 'nondifferentiable', 'refused', or a description of a third outcome."""
+    if f in ad.NUMPY_RULES:
+        return "rule"
+    if f in NONDIFFERENTIABLE:
+        return "nondifferentiable"
+    counts = (f.nin,) if isinstance(f, np.ufunc) else (1, 2, 3, 4)
+    last = None
+    for n in counts:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                r = f(*[traced] * n)
+        except KinaTypeError as exc:
+            return "refused" if ("no kina_fx.autograd rule" in str(exc)
+                                 or "drop the gradient" in str(exc)) else f"other: {exc}"
+        except Exception as exc:          # e.g. missing arguments: try more
+            last = exc
+            continue
+        if dispatched(f):
+            return f"returned {type(r).__name__}"
+        return "no float data" if not holds_float_data(r) else f"returned float data {r!r}"
+    if dispatched(f):
+        return f"raised {type(last).__name__}: {last}"
+    return "raised"
+
+
+def test_every_numpy_function_has_a_rule_or_refuses_a_traced_tensor():
+    third = {}
+    counts = {}
+    with ad.Tape() as t:
+        traced = t.watch(np.array([0.5, 0.25]))
+        for name, f in public_callables():
+            result = outcome(f, traced)
+            counts[result] = counts.get(result, 0) + 1
+            if dispatched(f):
+                ok = result in ("rule", "nondifferentiable", "refused")
+            else:
+                ok = result in ("refused", "raised", "no float data")
+            if not ok:
+                third[name] = result
+    assert not third, third
+    assert counts["rule"] >= 25 and counts["refused"] >= 250, counts
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "max", "concatenate", "stack", "where",
+                                  "clip", "dot", "reshape", "tanh", "matmul", "add"])
+def test_the_functions_the_findings_needed_have_rules(name):
+    assert getattr(np, name) in ad.NUMPY_RULES
+
+
+def test_plain_tensors_are_refused_too_by_functions_without_rules():
+    with pytest.raises(TypeError, match=r"numpy\.median"):
+        np.median(ad.Tensor(np.array([2.0, 1.0])))
+
+
+def test_the_tables_hold_only_functions_numpy_dispatches():
+    assert all(dispatched(f) for f in NONDIFFERENTIABLE)
+    assert all(dispatched(f) for f in ad.NUMPY_RULES)
