@@ -30,4 +30,13 @@ napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 
 html_theme = "alabaster"
+
+
+def setup(app):
+    # Pygments has no MLIR lexer: show MLIR blocks as plain text rather than
+    # warn (a warning fails `make docs`).
+    from pygments.lexers.special import TextLexer
+    from sphinx.highlighting import lexers
+
+    lexers["mlir"] = TextLexer()
 html_title = f"kina_fx {release}"
