@@ -15,6 +15,7 @@ SCRIPTS = {
     "effects": ["bench_effects.py", "bench_nested_handlers.py"],
     "effects_abi": ["bench_effects_abi.py"],
     "memref": ["bench_memref.py"],
+    "abi_contract": ["bench_abi_contract.py"],
     "autograd": ["bench_autograd.py"],
 }
 

@@ -260,7 +260,13 @@ class CClause(data_type("CClauseData", ("fn", "ctx", "effect", "effect_id", "fn_
 def kina_py_effect_id(name, out_id):
     _require(name, "name")
     _require(out_id, "out_id")
-    text = _ffi.string(name).decode("utf-8")
+    raw = _ffi.string(name)
+    if not raw:
+        raise ValidationError("name is empty: an effect name has at least one character")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValidationError(f"name is not UTF-8: {exc}") from None
     out_id[0] = Effect(text).id
     return 0
 

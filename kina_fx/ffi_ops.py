@@ -40,18 +40,34 @@ class Operands:
     CUDA: zero-copy CuPy views of device/managed memory; host memory the device
     cannot address is staged, and staged outputs are written back by
     :meth:`finish`.
+
+    Every export reads its inputs as they were before it wrote anything, for
+    any overlap of an input with an output (memmove semantics, docs/abi.md):
+    an input that may share memory with an output taken before it is copied
+    first.  (NumPy's ufuncs, ``take`` and ``matmul`` handle overlap
+    themselves, but its assignment does not for every pair of strides, and
+    CuPy promises nothing.)  Outputs are taken first: the callbacks get the
+    operands in C order, outputs first.
     """
 
-    __slots__ = ("xp", "_write_backs", "_staged")
+    __slots__ = ("xp", "_write_backs", "_staged", "_outputs")
 
     def __init__(self):
         self.xp = gpu_ops.backend()
         self._write_backs = []
         self._staged = []
+        self._outputs = []
 
     def get(self, ptr, dtype, name, output=False):
-        if self.xp is np:
-            return _VIEWS[(dtype, output)].view(ptr, name)
+        if self.xp is np:      # the cached views know their byte bounds: overlap is two compares
+            arr, lo, hi = _VIEWS[(dtype, output)].view_and_bounds(ptr, name)
+            if output:
+                self._outputs.append((lo, hi))
+                return arr
+            for out_lo, out_hi in self._outputs:
+                if lo < out_hi and out_lo < hi:
+                    return arr.copy()
+            return arr
         d = memref.read_descriptor(ptr, name)
         if output:
             memref.check_output_layout(d, name)
@@ -61,7 +77,10 @@ class Operands:
             self._staged.append(arr)
             if output:
                 self._write_backs.append(write_back)
-        return arr
+        if output:
+            self._outputs.append(arr)
+            return arr
+        return apart_from(self._outputs, arr, self.xp)   # CuPy arrays: may_share_memory
 
     def finish(self):
         """Make the results visible to the host: synchronise, write staged outputs back."""
@@ -75,6 +94,16 @@ class Operands:
         self._staged.clear()
 
 
+def apart_from(outputs, x, xp):
+    """``x``, or a copy of it when it may share memory with one of ``outputs``."""
+    if x.size == 0:
+        return x
+    for out in outputs:
+        if out.size and xp.may_share_memory(out, x):
+            return x.copy()
+    return x
+
+
 def _make_callback(op):
     effect = op.effect
     roles = tuple((o.dtype, i == 0, o.name) for i, o in enumerate(op.operands))
@@ -84,13 +113,22 @@ def _make_callback(op):
     device = gpu_ops.device
 
     if n == 3 and not op.params:
-        # The hottest shape (matmul, the binary ops): no varargs, cached views.
+        # The hottest shape (matmul, the binary ops): no varargs, cached views,
+        # the overlap check of Operands.get inline.
         (d0, _, n0), (d1, _, n1), (d2, _, n2) = roles
-        out_view, in1_view, in2_view = _VIEWS[(d0, True)].view, _VIEWS[(d1, False)].view, _VIEWS[(d2, False)].view
+        out_view = _VIEWS[(d0, True)].view_and_bounds
+        in1_view, in2_view = _VIEWS[(d1, False)].view_and_bounds, _VIEWS[(d2, False)].view_and_bounds
 
         def callback(out, a, b):
             if device() == "cpu":
-                perform(effect, out_view(out, n0), in1_view(a, n1), in2_view(b, n2))
+                o, olo, ohi = out_view(out, n0)
+                x, lo, hi = in1_view(a, n1)
+                if lo < ohi and olo < hi:
+                    x = x.copy()
+                y, lo, hi = in2_view(b, n2)
+                if lo < ohi and olo < hi:
+                    y = y.copy()
+                perform(effect, o, x, y)
                 return 0
             ops = Operands()
             try:

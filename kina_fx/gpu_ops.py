@@ -159,6 +159,9 @@ def matmul(a, b, out=None):
         return xp.matmul(a, b)
     if out.shape != shape:
         _check_out(out, shape, "matmul")
+    if a.size == 0 or b.size == 0:   # nothing to multiply (operands may be memref.ZeroSize)
+        out[...] = 0
+        return out
     if not shape:  # NumPy's matmul refuses a 0-d out for vector @ vector
         out[...] = xp.matmul(a, b)
         return out
@@ -189,10 +192,15 @@ def gather(values, indices, out=None):
     if out.size == 0:
         return out
     # take(a, indices, axis, out) is the subset NumPy and CuPy share (CuPy has
-    # no ``mode``); a strided out goes through a temporary.
-    if out.flags.c_contiguous:
-        return xp.take(values, indices, axis=0, out=out)
-    out[...] = xp.take(values, indices, axis=0)
+    # no ``mode``); a strided out goes through a temporary.  take copies a
+    # non-contiguous ``values`` whole first (a broadcast one may be huge):
+    # indexing reads only the rows picked.
+    if not values.flags.c_contiguous:
+        out[...] = values[indices]
+    elif out.flags.c_contiguous:
+        xp.take(values, indices, axis=0, out=out)
+    else:
+        out[...] = xp.take(values, indices, axis=0)
     return out
 
 

@@ -119,11 +119,56 @@ def read_descriptor(ptr: Any, name: str = "memref") -> Descriptor:
     return _decode(rank, ffi.buffer(desc, DESCRIPTOR_BYTES[rank])[:], name)
 
 
+class ZeroSize:
+    """An operand with no elements whose other sizes NumPy cannot hold (their
+    product times the item size does not fit in int64: sizes ``[0, 2**40,
+    2**40]``).  Its shape is all an op uses of an operand with no elements;
+    writing to it writes nothing."""
+
+    __slots__ = ("shape", "dtype")
+    size = 0
+
+    def __init__(self, shape, dtype):
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __setitem__(self, key, value):
+        pass
+
+    def __repr__(self):
+        return f"ZeroSize({self.shape}, {self.dtype})"
+
+
+def _elements_fit(sizes, itemsize: int, skip_zeros: bool) -> bool:
+    n = itemsize
+    for size in sizes:
+        if size or not skip_zeros:
+            n *= size
+    return n <= _INT64_MAX
+
+
+def empty_operand(sizes, dtype, xp=np):
+    """An array of backend ``xp`` with no elements and these sizes (ZeroSize
+    where the backend cannot hold the other sizes)."""
+    if _elements_fit(sizes, np.dtype(dtype).itemsize, skip_zeros=True):
+        return xp.empty(sizes, dtype)
+    return ZeroSize(sizes, dtype)
+
+
 def _extent(d: Descriptor, itemsize: int, name: str):
-    """(lowest byte address, span in bytes, byte offset of element 0) of the view."""
+    """(lowest byte address, span in bytes, byte offset of element 0) of the
+    view; None for a memref with no elements."""
     _rank, _allocated, aligned, offset, sizes, strides = d
     if 0 in sizes:
         return None
+    if not _elements_fit(sizes, itemsize, skip_zeros=False):
+        raise ValidationError(f"{name}: sizes {sizes} hold more than 2^63 bytes of "
+                              f"{itemsize}-byte elements (zero strides included): more than "
+                              "an operand may have")
     if aligned == 0:
         raise ValidationError(f"{name}: null data pointer for a non-empty memref")
     low = high = offset
@@ -150,7 +195,7 @@ def numpy_view(d: Descriptor, dtype: Any, name: str = "memref") -> np.ndarray:
     item = dtype.itemsize
     ext = _extent(d, item, name)
     if ext is None:
-        return np.empty(d.sizes, dtype)
+        return empty_operand(d.sizes, dtype)
     lo, span, start = ext
     buf = ffi.buffer(ffi.cast(_CHAR_P, lo), span)
     # A stride of a length-1 dimension never moves; MLIR leaves it arbitrary.
@@ -176,7 +221,7 @@ def cupy_view(d: Descriptor, dtype: Any, cp: Any, name: str = "memref") -> Any:
     dtype = np.dtype(dtype)
     ext = _extent(d, dtype.itemsize, name)
     if ext is None:
-        return cp.empty(d.sizes, dtype)
+        return empty_operand(d.sizes, dtype, cp)
     lo, span, start = ext
     if not _is_device_pointer(cp, lo):
         return None
@@ -195,6 +240,8 @@ def host_staged(d: Descriptor, dtype: Any, cp: Any,
     the op by calling the returned function.
     """
     host = numpy_view(d, dtype, name)
+    if type(host) is ZeroSize:
+        return host, lambda: None
     dev = cp.asarray(host)
     _staged[id(dev)] = (dev, identity(host))
 
@@ -312,18 +359,20 @@ def clear_caches() -> None:
 class ViewCache:
     """:func:`read_descriptor` + :func:`numpy_view`, memoised on the descriptor's bytes.
 
-    One cache per (dtype, role).  ``output=True`` also rejects layouts where
-    distinct indices share an element (a zero stride on a dimension longer
-    than one): writing through them is undefined.
+    One cache per (dtype, role).  ``output=True`` also rejects layouts whose
+    elements are not distinct by construction (:func:`check_output_layout`):
+    writing through them would be undefined.
     """
 
-    __slots__ = ("dtype", "output", "views")
+    __slots__ = ("dtype", "output", "views", "_bounds")
 
     def __init__(self, dtype: Any, output: bool = False) -> None:
         self.dtype = np.dtype(dtype)
         self.output = output
         self.views: dict = {}
+        self._bounds: dict = {}     # descriptor bytes -> (view, lo, hi)
         _caches.append(self.views)
+        _caches.append(self._bounds)
 
     def view(self, ptr: Any, name: str = "memref") -> np.ndarray:
         if not ptr:
@@ -340,14 +389,36 @@ class ViewCache:
             view = self._miss(rank, raw, name)
         return view
 
+    def view_and_bounds(self, ptr, name: str = "memref"):
+        """``(view, lo, hi)``: :meth:`view`, and the byte addresses ``[lo, hi)``
+        its elements lie in (``lo == hi``: it has none).  The same checks as
+        :meth:`view`, repeated rather than shared: both are the hot path."""
+        if not ptr:
+            raise ValidationError(f"{name}: null memref pointer")
+        rank = ptr.rank
+        if not 0 <= rank <= MAX_RANK:
+            raise ValidationError(f"{name}: rank {rank} out of range [0, {MAX_RANK}]")
+        desc = ptr.descriptor
+        if not desc:
+            raise ValidationError(f"{name}: null descriptor pointer")
+        raw = _buffer(desc, DESCRIPTOR_BYTES[rank])[:]
+        entry = self._bounds.get(raw)
+        if entry is None:
+            self._miss(rank, raw, name)
+            entry = self._bounds[raw]
+        return entry
+
     def _miss(self, rank, raw, name):
         d = _decode(rank, raw, name)
         if self.output:
             check_output_layout(d, name)
         view = numpy_view(d, self.dtype, name)
+        ext = _extent(d, self.dtype.itemsize, name)
         if len(self.views) >= _CACHE_LIMIT:
             self.views.clear()
+            self._bounds.clear()
         self.views[raw] = view
+        self._bounds[raw] = (view, 0, 0) if ext is None else (view, ext[0], ext[0] + ext[1])
         return view
 
 
@@ -355,13 +426,23 @@ _buffer = ffi.buffer
 
 
 def check_output_layout(d: Descriptor, name: str = "out") -> None:
-    """ValidationError if two indices of ``d`` address the same element."""
-    if any(size == 0 for size in d.sizes):
+    """ValidationError unless ``d`` is a layout whose elements are distinct by
+    construction: ordered by absolute stride, each dimension's stride is
+    larger than the span of all dimensions with smaller strides (every
+    row-major, column-major, permuted, stepped or reversed layout).  Layouts
+    that fail this test alias (sizes ``[2, 2]``, strides ``[1, 1]``; a zero
+    stride) or interleave; outputs with no elements always pass."""
+    if 0 in d.sizes:
         return
-    for i, (size, stride) in enumerate(zip(d.sizes, d.strides)):
-        if stride == 0 and size > 1:
-            raise ValidationError(f"{name}: stride 0 in dimension {i} of size {size} "
-                                  "makes elements alias; outputs need distinct elements")
+    span = 0                    # elements covered by the dimensions checked so far, minus one
+    for stride, size, i in sorted((abs(st), n, i) for i, (n, st) in enumerate(zip(d.sizes, d.strides))
+                                  if n != 1):
+        if stride <= span:
+            what = ("stride 0" if stride == 0 else
+                    f"stride {d.strides[i]} reaching elements of smaller dimensions")
+            raise ValidationError(f"{name}: {what} in dimension {i} of size {size} makes "
+                                  "elements alias; outputs need distinct elements")
+        span += stride * (size - 1)
 
 
 # ---- Python -> memref (callers written in Python, tests) ---------------------

@@ -33,3 +33,29 @@ def kina():
     """``(ffi, lib)`` of the built libkina_fx.so, loaded in this process."""
     from kina_fx import ffi as kffi
     return kffi.load_library()
+
+
+@pytest.fixture(scope="session")
+def contract_lib(kina, tmp_path_factory):
+    """tests/hosts/c/contract_lib.c built against the library and loaded (see contract_helpers.py)."""
+    import shutil
+    from pathlib import Path
+
+    from abi_helpers import build_fixture_library
+    from contract_helpers import CONTRACT_CDEF
+
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc is not installed")
+    ffi, _ = kina
+    out = build_fixture_library(Path(__file__).parent / "hosts" / "c" / "contract_lib.c",
+                                tmp_path_factory.mktemp("contract") / "libcontract.so", gcc)
+    ffi.cdef(CONTRACT_CDEF)
+    return ffi.dlopen(str(out))
+
+
+@pytest.fixture
+def fiber_calls(kina, contract_lib):
+    """kina_fiber_* calls with out-parameters made for the caller (contract_helpers.Fibers)."""
+    from contract_helpers import Fibers
+    return Fibers(kina, contract_lib)

@@ -25,7 +25,7 @@ def prepare(mode: str) -> None:
         import _datetime
         hasattr(_datetime.datetime_CAPI, "x")
     elif mode == "torch":
-        import torch  # noqa: F401
+        import torch  # noqa: F401  (its import does capsule lookups)
     elif mode != "plain":
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -56,7 +56,8 @@ def make_fake_cupy(free_bytes=1 << 30):
     cuda = types.SimpleNamespace(runtime=runtime, get_current_stream=lambda: Stream())
     fake = types.SimpleNamespace(
         cuda=cuda, ndarray=type("FakeDeviceArray", (), {}),
-        asarray=lambda a: np.array(a, copy=True), asnumpy=np.asarray, empty=np.empty)
+        asarray=lambda a: np.array(a, copy=True), asnumpy=np.asarray, empty=np.empty,
+        may_share_memory=np.may_share_memory)
     return fake, state
 
 

@@ -248,7 +248,7 @@ int32_t kina_fiber_create(kina_fiber_fn entry, void *arg, const int32_t *catch_e
  * fails; *out_state (may be NULL) says which.  Returns 0, or the failure's
  * status (with kina_last_error) when the fiber failed or the call is invalid
  * (KINA_STATUS_VALIDATION: a running, finished or cancelled fiber, a stale
- * handle, another thread's fiber). */
+ * handle, another thread's fiber; *out_state is then left untouched). */
 int32_t kina_resume_fiber(kina_fiber_t fiber, int64_t value, int32_t *out_state);
 
 /* [stable] The id of the effect a suspended fiber is waiting in. */
@@ -268,7 +268,9 @@ int32_t kina_fiber_result(kina_fiber_t fiber, int64_t *out_value);
 /* [unstable] Cancel a new or suspended fiber: its pending kina_perform returns
  * KINA_STATUS_CANCELLED (and Python code in it gets kina_fx.Cancelled, so
  * finally blocks run); the fiber should unwind and return.  A fiber that
- * performs again is cancelled again (up to 100 times), then dropped. */
+ * performs again is cancelled again (up to 100 times), then dropped.
+ * *out_state (not NULL) gets the new state; a fiber that has already ended
+ * is left as it is (status 0). */
 int32_t kina_cancel_fiber(kina_fiber_t fiber, int32_t *out_state);
 
 /* [unstable] Free the handle (cancelling the fiber first if it is suspended).

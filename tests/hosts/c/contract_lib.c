@@ -14,12 +14,32 @@ int32_t ct_returns_ctx(void *ctx, int32_t effect, const int64_t *args, int32_t n
     return rc;
 }
 
-/* Entry: performs the effect whose id is *(int32_t *)arg; returns the answer or -status. */
+/* Entry: performs the effect whose id is *(int32_t *)arg; returns the answer
+ * or -status, and records the status in ct_last_rc. */
+int32_t ct_last_rc = -1;
+
 int64_t ct_perform_once(void *arg)
 {
     int64_t v = -77;
     int32_t rc = kina_perform(*(int32_t *)arg, NULL, 0, &v);
+    ct_last_rc = rc;
     return rc == 0 ? v : -rc;
+}
+
+/* Entry: performs the effect whose id is *(int32_t *)arg with arguments 1, 2, 3. */
+int64_t ct_perform_three(void *arg)
+{
+    int64_t v = 0, args[3] = {1, 2, 3};
+    int32_t rc = kina_perform(*(int32_t *)arg, args, 3, &v);
+    return rc == 0 ? v : -rc;
+}
+
+/* Entry: pushes a handler for effect *(int32_t *)arg and returns without popping it. */
+kina_handler_t ct_left_handle;
+
+int64_t ct_push_no_pop(void *arg)
+{
+    return kina_push_handler(ct_returns_ctx, NULL, (int32_t *)arg, 1, &ct_left_handle);
 }
 
 /* Nested fibers: the outer fiber creates an inner one catching only
@@ -78,4 +98,13 @@ int32_t ct_recursion(int32_t effect)
     if (kina_pop_handler(h) != 0)
         return -2;
     return rc;
+}
+
+/* Entry: raises signal *(int *)arg (a Python signal handler then runs in the
+ * fiber, outside any callback), then returns 1. */
+#include <signal.h>
+int64_t ct_raise_signal(void *arg)
+{
+    raise(*(int *)arg);
+    return 1;
 }
