@@ -12,7 +12,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 SCRIPTS = {
-    "effects": ["bench_effects.py"],
+    "effects": ["bench_effects.py", "bench_nested_handlers.py"],
     "effects_abi": ["bench_effects_abi.py"],
     "memref": ["bench_memref.py"],
     "abi_contract": ["bench_abi_contract.py"],

@@ -1,9 +1,9 @@
 """Status codes and exception classes: the one place they are defined.
 
-The Kina ABI (shared/seeds/000) returns an ``int32`` status from every C
+The Kina ABI (docs/spec.md, "Status codes") returns an ``int32`` status from every C
 export.  Each non-zero code has one Python exception class; the C exports in
 :mod:`kina_fx.ffi` translate an exception into its class's ``status`` and the
-message into ``kina_last_error``.  Codes 0-6 are the seed's; codes from 7 up
+message into ``kina_last_error``.  Codes 0-6 are the specification's; codes from 7 up
 are kina_fx extensions and are marked unstable in ``docs/abi.md``.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import enum
 
 
 class Status(enum.IntEnum):
-    """The ABI's status codes (``FfiErrorCode`` in the seed)."""
+    """The ABI's status codes (``FfiErrorCode`` in the specification, docs/spec.md)."""
 
     SUCCESS = 0
     VALIDATION = 1

@@ -175,7 +175,8 @@ def _check_clauses(clauses, what):
         clauses = dict(clauses)
     except (TypeError, ValueError):
         raise TypeError(f"{what} must map each Effect to its clause, as in "
-                        f"Handler({what}={{effect: clause}}), not {clauses!r}") from None
+                        f"Handler({what}={{effect: clause}}) or "
+                        f"Handler({what}=[effect.{what}(clause)]), not {clauses!r}") from None
     for effect, clause in clauses.items():
         if not isinstance(effect, Effect):
             raise TypeError(f"{what} keys must be Effect instances, not {effect!r}")

@@ -17,7 +17,8 @@ Ask = Effect("messages.ask")
 @pytest.mark.parametrize("what", ["on", "fun"])
 def test_a_list_instead_of_a_dict(what):
     with pytest.raises(TypeError, match=rf"{what} must map each Effect to its clause, as in "
-                                        rf"Handler\({what}=\{{effect: clause\}}\)"):
+                                        rf"Handler\({what}=\{{effect: clause\}}\) or "
+                                        rf"Handler\({what}=\[effect\.{what}\(clause\)\]\)"):
         Handler(**{what: [Ask]})
 
 

@@ -327,15 +327,22 @@ static void kina__load_once(void)
         __atomic_store_n(&kina__loaded, 1, __ATOMIC_RELEASE);
 }
 
-static int kina__ensure_loaded(void)
+/* The first call, and every call after a failed load (kept out of line so
+ * that the forwarders below are a load, a test and a jump). */
+__attribute__((noinline, cold)) static int kina__load_or_fail(void)
 {
-    if (__builtin_expect(__atomic_load_n(&kina__loaded, __ATOMIC_ACQUIRE), 1))
-        return 0;
     pthread_once(&kina__once, kina__load_once);
     if (__atomic_load_n(&kina__loaded, __ATOMIC_ACQUIRE))
         return 0;
     snprintf(kina__error, sizeof kina__error, "%s", kina__load_message);
     return -1;
+}
+
+static inline int kina__ensure_loaded(void)
+{
+    if (__builtin_expect(__atomic_load_n(&kina__loaded, __ATOMIC_ACQUIRE), 1))
+        return 0;
+    return kina__load_or_fail();
 }
 
 /* ---- the exports ----------------------------------------------------------- */

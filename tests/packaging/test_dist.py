@@ -231,11 +231,21 @@ def _other_minor_python() -> str:
     return ""
 
 
-def test_wrong_interpreter_is_status_5_naming_both_libpythons(installs, tmp_path):
-    host = tmp_path / "dlopen_host"
+def _wheel_library(installs) -> Path:
+    return installs["wheel"] / "lib" / f"python{MINOR}" / "site-packages" / "kina_fx" / "libkina_fx.so"
+
+
+@pytest.fixture(scope="module")
+def dlopen_host(tmp_path_factory):
+    host = tmp_path_factory.mktemp("dlopen") / "dlopen_host"
     _run([GCC, "-O2", str(C_HOSTS / "dlopen_host.c"), "-ldl", "-o", str(host)])
-    library = installs["wheel"] / "lib" / f"python{MINOR}" / "site-packages" / "kina_fx" / "libkina_fx.so"
+    return host
+
+
+def test_wrong_interpreter_is_status_5_naming_both_libpythons(installs, dlopen_host, tmp_path):
+    library, host = _wheel_library(installs), dlopen_host
     other = _other_minor_python()
+    real_other = bool(other)
     if not other:  # a venv claiming a version 3.(minor+1)
         fake = tmp_path / "fake venv"
         (fake / "bin").mkdir(parents=True)
@@ -251,3 +261,29 @@ def test_wrong_interpreter_is_status_5_naming_both_libpythons(installs, tmp_path
     other_minor = re.search(r"is CPython (3\.\d+)", message).group(1)
     assert f"libpython{MINOR}" in message and f"libpython{other_minor}" in message
     assert other_minor != MINOR and result.stderr == ""
+
+    if real_other:  # the same library opened inside a running Python of that version
+        script = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); "
+                  "lib.kina_last_error.restype = ctypes.c_char_p; "
+                  "print(lib.runtime_gpu_free_all(), lib.kina_last_error().decode())")
+        inside = _run([other, "-c", script, str(library)])
+        assert inside.stdout.startswith(f"5 kina_fx: libkina_fx.so was built for CPython {MINOR}")
+        assert f"this process already runs CPython {other_minor}" in inside.stdout
+
+
+def test_a_library_outside_any_environment_says_what_to_set(installs, dlopen_host, tmp_path):
+    """A wheel's library moved where no venv or site-packages surrounds it (and
+    that, unlike an editable build, records no interpreter) asks for KINA_FX_PYTHON."""
+    lonely = tmp_path / "no env"
+    lonely.mkdir()
+    for name in ("libkina_fx.so", "_libkina_fx_cpython.so"):
+        shutil.copy(_wheel_library(installs).parent / name, lonely)
+    result = subprocess.run(["env", "-i", str(dlopen_host), str(lonely / "libkina_fx.so"), "5"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "status 5: kina_fx: cannot find the Python interpreter" in result.stdout
+    assert "set KINA_FX_PYTHON" in result.stdout
+    ok = subprocess.run(["env", "-i", f"KINA_FX_PYTHON={installs['wheel'] / 'bin' / 'python'}",
+                         str(dlopen_host), str(lonely / "libkina_fx.so")],
+                        capture_output=True, text=True, timeout=120)
+    assert "dlopen_host: ok" in ok.stdout, ok.stdout + ok.stderr
