@@ -249,7 +249,16 @@ class solve:
         if not shape_b or (shape_b[0] if len(shape_b) == 1 else shape_b[-2]) != n:
             raise ValidationError(f"solve: b of shape {tuple(shape_b)} for a of shape "
                                   f"{tuple(_shape(a))}")
-        return array_module(a, b).linalg.solve(a, b)
+        xp = array_module(a, b)
+        vector = len(shape_b) == 1
+        if vector:
+            b, shape_b = b[:, None], shape_b + (1,)
+        # matrices (..., n, k) with the batch axes broadcast explicitly, so that
+        # NumPy 1 (which takes b of rank a.ndim - 1 as vectors) agrees with NumPy 2
+        batch = np.broadcast_shapes(_shape(a)[:-2], shape_b[:-2])
+        x = xp.linalg.solve(xp.broadcast_to(a, batch + _shape(a)[-2:]),
+                            xp.broadcast_to(b, batch + shape_b[-2:]))
+        return x[..., 0] if vector else x
 
     def vjp_a(o, g, out, a, b):
         vector = _is_vector(b)

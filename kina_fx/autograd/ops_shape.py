@@ -615,10 +615,10 @@ def take_along_axis(x, indices, axis):
     """Elements of ``x`` picked along ``axis`` by integer ``indices`` (None:
     of the flattened ``x``), as NumPy; composed with ``getitem`` (repeated
     indices accumulate their gradients)."""
-    indices = _raw(indices)
-    if getattr(indices, "dtype", np.dtype(float)).kind not in "iu":
-        raise KinaTypeError("take_along_axis needs integer indices")
     x = _as_array(x)
+    indices = array_module(_raw(x)).asarray(_raw(indices))
+    if indices.dtype.kind not in "iu":
+        raise KinaTypeError("take_along_axis needs integer indices")
     if axis is None:
         return getitem(reshape(x, (-1,)), _along_axis(indices, 0))
     ax = _axis(axis, _ndim(x))
