@@ -410,6 +410,14 @@ def reduced_shape(shape, axis, keepdims: bool) -> tuple:
     return shape[:ax] + ((1,) if keepdims else ()) + shape[ax + 1:]
 
 
+def require_elements(x, axis, op: str) -> None:
+    """ValidationError when reducing ``x`` over ``axis`` (None: all) reduces nothing."""
+    count = x.size if axis is None else x.shape[normalize_axis(axis, x.ndim)]
+    if count == 0:
+        raise ValidationError(f"{op} over an empty axis of shape {tuple(x.shape)}")
+
+
+
 def _reduction(fn):
     name = fn.__name__
 
@@ -441,18 +449,14 @@ def reduce_sum(xp, x, axis, keepdims):
 @_reduction
 def reduce_mean(xp, x, axis, keepdims):
     """Mean over one axis or all axes; an empty reduction is a ValidationError."""
-    count = x.size if axis is None else x.shape[normalize_axis(axis, x.ndim)]
-    if count == 0:
-        raise ValidationError(f"mean over an empty axis of shape {tuple(x.shape)}")
+    require_elements(x, axis, "mean")
     return x.mean(axis=axis, keepdims=keepdims)
 
 
 @_reduction
 def reduce_max(xp, x, axis, keepdims):
     """Maximum over one axis or all axes; an empty reduction is a ValidationError."""
-    count = x.size if axis is None else x.shape[normalize_axis(axis, x.ndim)]
-    if count == 0:
-        raise ValidationError(f"max over an empty axis of shape {tuple(x.shape)}")
+    require_elements(x, axis, "max")
     return x.max(axis=axis, keepdims=keepdims)
 
 

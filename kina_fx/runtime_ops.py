@@ -146,9 +146,7 @@ def _reduction_check(name):
         ax = _axis_or_all(axis)
         shape = gpu_ops.reduced_shape(x.shape, ax, bool(keepdims))
         if name != "sum":
-            count = x.size if ax is None else x.shape[gpu_ops.normalize_axis(ax, x.ndim)]
-            if count == 0:
-                raise ValidationError(f"{name} over an empty axis of shape {tuple(x.shape)}")
+            gpu_ops.require_elements(x, ax, name)
         return shape
     return check
 
