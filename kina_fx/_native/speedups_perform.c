@@ -86,6 +86,44 @@ int skip_cached;
 
 /* ---- attribute access ----------------------------------------------------- */
 
+#define FIELD_CACHE 8
+static struct {
+    PyTypeObject *tp;
+    unsigned int tag;
+    PyObject *name;
+    int keeps;
+} field_cache[FIELD_CACHE];
+
+static inline int
+version_tag_valid(PyTypeObject *tp)
+{
+#ifdef Py_TPFLAGS_VALID_VERSION_TAG
+    return PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG) && tp->tp_version_tag != 0;
+#else
+    return tp->tp_version_tag != 0;
+#endif
+}
+
+int
+kfx_type_keeps_field(PyTypeObject *tp, PyObject *name, PyObject *descr)
+{
+    if (tp->tp_getattro != PyObject_GenericGetAttr)
+        return 0;
+    size_t k = (((uintptr_t)tp >> 4) ^ ((uintptr_t)name >> 4)) % FIELD_CACHE;
+    if (field_cache[k].tp == tp && field_cache[k].name == name && version_tag_valid(tp)
+            && field_cache[k].tag == tp->tp_version_tag)
+        return field_cache[k].keeps;
+    int keeps = _PyType_Lookup(tp, name) == descr;    /* assigns a version tag if it can */
+    if (version_tag_valid(tp)) {      /* borrowed: a type freed and another made at its
+                                       * address gets a new version tag */
+        field_cache[k].tp = tp;
+        field_cache[k].tag = tp->tp_version_tag;
+        field_cache[k].name = name;
+        field_cache[k].keeps = keeps;
+    }
+    return keeps;
+}
+
 /* ``h.fun.get(effect)``: 1 and a new reference in *clause when it is not
  * None, 0 when it is, -1 on error. */
 static int
@@ -117,6 +155,12 @@ find_fun(PyObject *h, PyObject *effect, PyObject **clause)
     }
     *clause = c;
     return 1;
+}
+
+int
+kfx_find_fun(PyObject *h, PyObject *effect, PyObject **clause)
+{
+    return find_fun(h, effect, clause);
 }
 
 /* ``effect in h.on``; a Stepper's handlers._Catch table is read here
@@ -251,6 +295,7 @@ new_skip(PyObject *f, Py_ssize_t i)
     }
     SLOT(skip, off_skip_fiber) = Py_NewRef(f);
     SLOT(skip, off_skip_index) = index;
+    ((KSkip *)skip)->index_c = i;
     return skip;
 }
 
@@ -529,6 +574,8 @@ perform(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     PyObject *effect = args[0];
     PyObject *const *cargs = args + 1;
     Py_ssize_t n = nargs - 1;
+    if (kfx_materialize() < 0)       /* a C handler's marker, before Python searches */
+        return NULL;
 
     PyObject *st = thread_state();
     if (st == NULL)

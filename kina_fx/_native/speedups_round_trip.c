@@ -54,6 +54,25 @@
  */
 
 static int rt_bound;
+
+/* greenlet's C API (greenlet._C_API; its greenlet.h numbers the entries and
+ * promises they do not change): greenlet.switch without a method lookup. */
+#define GREENLET_TYPE_NUM 0
+#define GREENLET_SWITCH_NUM 6
+static PyTypeObject *g_greenlet_t;
+static PyObject *(*g_greenlet_switch)(PyObject *glet, PyObject *args, PyObject *kwargs);
+
+static void
+bind_greenlet_api(void)
+{
+    void **api = PyCapsule_Import("greenlet._C_API", 0);
+    if (api == NULL) {
+        PyErr_Clear();               /* the method call still works */
+        return;
+    }
+    g_greenlet_switch = (PyObject *(*)(PyObject *, PyObject *, PyObject *))api[GREENLET_SWITCH_NUM];
+    g_greenlet_t = g_greenlet_switch != NULL ? (PyTypeObject *)api[GREENLET_TYPE_NUM] : NULL;
+}
 PyTypeObject *g_chain_t;      /* fibers.Chain                             */
 PyTypeObject *g_cont_t;       /* handlers.Continuation                    */
 static PyObject *g_gexit;            /* greenlet.GreenletExit                    */
@@ -93,7 +112,8 @@ same_serial(PyObject *a, PyObject *b)
 static PyObject *
 rt_switch(PyObject *glet)
 {
-    PyObject *r = PyObject_CallMethodNoArgs(glet, s_switch);
+    PyObject *r = Py_TYPE(glet) == g_greenlet_t ? g_greenlet_switch(glet, NULL, NULL)
+                                                : PyObject_CallMethodNoArgs(glet, s_switch);
     Py_DECREF(glet);
     if (r == NULL) {
         if (PyErr_ExceptionMatches(g_gexit) && !PyErr_ExceptionMatches(g_unwind)) {
@@ -121,6 +141,95 @@ rt_switch(PyObject *glet)
     return mail != NULL ? mail : Py_NewRef(Py_None);
 }
 
+/* Chains and continuations that the switch consumed and nobody else holds are
+ * kept for reuse: a round trip then allocates and finalizes neither (a kept
+ * object has never been finalized: its refcount never reached zero). */
+#define CHAIN_CACHE 16
+static PyObject *cont_cache[CHAIN_CACHE], *chain_cache[CHAIN_CACHE];
+static int conts_cached, chains_cached;
+
+void
+kfx_release_chain(PyObject *chain)
+{
+    PyTypeObject *tp = Py_TYPE(chain);
+    if (Py_REFCNT(chain) == 1 && (tp == g_cont_t || tp == g_chain_t)
+            && SLOT(chain, off_top) == Py_None && SLOT(chain, off_base) == Py_None) {
+        int *n = tp == g_cont_t ? &conts_cached : &chains_cached;
+        PyObject **cache = tp == g_cont_t ? cont_cache : chain_cache;
+        if (*n < CHAIN_CACHE) {
+            SLOT(chain, off_top) = SLOT(chain, off_base) = NULL;   /* were None: no decref */
+            if (tp == g_cont_t)
+                Py_CLEAR(SLOT(chain, off_k_shallow));
+            cache[(*n)++] = chain;
+            return;
+        }
+    }
+    Py_DECREF(chain);
+}
+
+/* A new instance of g_cont_t / g_chain_t with its fields unset. */
+static PyObject *
+new_chain_object(PyTypeObject *tp)
+{
+    if (tp == g_cont_t && conts_cached > 0)
+        return cont_cache[--conts_cached];
+    if (tp == g_chain_t && chains_cached > 0)
+        return chain_cache[--chains_cached];
+    return tp->tp_alloc(tp, 0);
+}
+
+static void
+flush_chain_caches(void)
+{
+    while (conts_cached > 0)
+        Py_DECREF(cont_cache[--conts_cached]);
+    while (chains_cached > 0)
+        Py_DECREF(chain_cache[--chains_cached]);
+}
+
+/* The small tuples of the protocol (a send pair, the two tuples of a perform
+ * message) are kept for reuse once a C reader is done with them and nobody
+ * else holds them; kfx_tuple(n, ...) makes one from the cache or anew. */
+#define TUPLE_CACHE 16
+static PyObject *tuple_cache[4][TUPLE_CACHE];
+static int tuples_cached[4];
+
+PyObject *
+kfx_tuple(Py_ssize_t n, PyObject *a, PyObject *b, PyObject *c)
+{
+    PyObject *t;
+    if (tuples_cached[n] > 0) {
+        t = tuple_cache[n][--tuples_cached[n]];
+        if (!PyObject_GC_IsTracked(t))     /* the collector may have untracked it */
+            PyObject_GC_Track(t);
+    }
+    else if ((t = PyTuple_New(n)) == NULL)
+        return NULL;
+    PyObject *items[3] = {a, b, c};
+    for (Py_ssize_t k = 0; k < n; k++)
+        PyTuple_SET_ITEM(t, k, Py_NewRef(items[k]));
+    return t;
+}
+
+/* Drop a reference to ``t``, keeping it for kfx_tuple if it was the last. */
+void
+kfx_release_tuple(PyObject *t)
+{
+    Py_ssize_t n = PyTuple_CheckExact(t) ? PyTuple_GET_SIZE(t) : 0;
+    if (Py_REFCNT(t) != 1 || n < 2 || n > 3 || tuples_cached[n] >= TUPLE_CACHE) {
+        Py_DECREF(t);
+        return;
+    }
+    PyObject *items[3];
+    for (Py_ssize_t k = 0; k < n; k++) {
+        items[k] = PyTuple_GET_ITEM(t, k);
+        PyTuple_SET_ITEM(t, k, NULL);
+    }
+    tuple_cache[n][tuples_cached[n]++] = t;    /* consistent before any decref runs code */
+    for (Py_ssize_t k = 0; k < n; k++)
+        Py_XDECREF(items[k]);
+}
+
 /* ``if send[0]: raise send[1]`` / ``return send[1]``; steals ``send``. */
 static PyObject *
 rt_answer(PyObject *send)
@@ -132,7 +241,7 @@ rt_answer(PyObject *send)
     }
     int raise = PyObject_IsTrue(PyTuple_GET_ITEM(send, 0));
     PyObject *v = Py_NewRef(PyTuple_GET_ITEM(send, 1));
-    Py_DECREF(send);
+    kfx_release_tuple(send);
     if (raise == 0)
         return v;
     if (raise > 0) {
@@ -172,7 +281,7 @@ rt_suspend(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, P
         goto fail;
     }
     /* k = Continuation(st.current, f, f.shallow) */
-    PyObject *k = g_cont_t->tp_alloc(g_cont_t, 0);
+    PyObject *k = new_chain_object(g_cont_t);
     if (k == NULL) {
         Py_DECREF(st);
         goto fail;
@@ -182,8 +291,8 @@ rt_suspend(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, P
     SLOT(k, off_k_shallow) = Py_NewRef(shallow);
     /* message = (PERFORMED, h, (effect, args, k)) */
     PyObject *payload = args_tuple(args, n);
-    PyObject *inner = payload == NULL ? NULL : PyTuple_Pack(3, effect, payload, k);
-    PyObject *message = inner == NULL ? NULL : PyTuple_Pack(3, g_performed, h, inner);
+    PyObject *inner = payload == NULL ? NULL : kfx_tuple(3, effect, payload, k);
+    PyObject *message = inner == NULL ? NULL : kfx_tuple(3, g_performed, h, inner);
     Py_XDECREF(payload);
     Py_XDECREF(inner);
     if (message == NULL) {
@@ -211,7 +320,7 @@ rt_suspend(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, P
     }
     Py_INCREF(resumer);
     set_slot(f, off_parent, Py_None);
-    set_slot(st, off_current, resumer);
+    kfx_set_current(st, resumer);
     PyObject *glet = Py_NewRef(SLOT(resumer, off_glet));
     Py_DECREF(resumer);
     Py_DECREF(f);
@@ -231,6 +340,8 @@ fail:
 PyObject *
 rt_switch_into(PyObject *chain, PyObject *send)
 {
+    if (kfx_materialize() < 0)       /* no pending marker crosses a switch */
+        return NULL;
     PyTypeObject *ct = Py_TYPE(chain);
     if (!rt_bound || (ct != g_chain_t && ct != g_cont_t))
         goto py;
@@ -255,7 +366,7 @@ rt_switch_into(PyObject *chain, PyObject *send)
     set_slot(chain, off_base, Py_None);
     set_slot(base, off_parent, me);
     set_slot(st, off_mail, send);
-    set_slot(st, off_current, top);
+    kfx_set_current(st, top);
     PyObject *glet = Py_NewRef(SLOT(top, off_glet));
     Py_DECREF(me);
     Py_DECREF(top);
@@ -318,14 +429,18 @@ rt_resume(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
         goto py;
     Py_INCREF(caller);
     /* chain = Chain(k.top, k.base); k.top = k.base = None */
-    PyObject *chain = new_pair(g_chain_t, off_top, Py_NewRef(top), off_base, Py_NewRef(base));
+    PyObject *chain = new_chain_object(g_chain_t);
+    if (chain != NULL) {
+        SLOT(chain, off_top) = Py_NewRef(top);
+        SLOT(chain, off_base) = Py_NewRef(base);
+    }
     if (chain == NULL) {
         Py_DECREF(caller);
         return NULL;
     }
     set_slot(self, off_top, Py_None);
     set_slot(self, off_base, Py_None);
-    PyObject *send = PyTuple_Pack(2, Py_False, nargs ? args[0] : Py_None);
+    PyObject *send = kfx_tuple(2, Py_False, nargs ? args[0] : Py_None, NULL);
     if (send == NULL) {
         Py_DECREF(caller);
         Py_DECREF(chain);
@@ -379,7 +494,7 @@ rt_drive(PyObject *chain, PyObject *send)
     Py_INCREF(send);
     for (;;) {
         PyObject *msg = rt_switch_into(chain, send);
-        Py_DECREF(chain);
+        kfx_release_chain(chain);
         Py_DECREF(send);
         if (msg == NULL)
             return NULL;
@@ -392,7 +507,7 @@ rt_drive(PyObject *chain, PyObject *send)
         PyObject *payload = Py_NewRef(PyTuple_GET_ITEM(msg, 2));
         PyObject *result = NULL;
         if (kind == g_performed) {
-            Py_DECREF(msg);
+            kfx_release_tuple(msg);
             /* effect, args, k = payload; handler.on[effect](k, *args) */
             if (!PyTuple_CheckExact(payload) || PyTuple_GET_SIZE(payload) != 3 ||
                     !PyTuple_CheckExact(PyTuple_GET_ITEM(payload, 1))) {
@@ -404,7 +519,7 @@ rt_drive(PyObject *chain, PyObject *send)
             PyObject *effect = Py_NewRef(PyTuple_GET_ITEM(payload, 0));
             PyObject *args = Py_NewRef(PyTuple_GET_ITEM(payload, 1));
             PyObject *k = Py_NewRef(PyTuple_GET_ITEM(payload, 2));
-            Py_DECREF(payload);
+            kfx_release_tuple(payload);
             PyObject *on = get_handler_attr(handler, g_handler_on, off_on, s_on);
             Py_DECREF(handler);
             PyObject *clause = on == NULL ? NULL : PyObject_GetItem(on, effect);
@@ -502,53 +617,38 @@ drive(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     return rt_drive(args[0], args[1]);
 }
 
-/* getattr(self, "top", None) (new reference or NULL in *out); -1 on error. */
-static int
-PyObject_GetOptionalAttr_compat(PyObject *self, PyObject **out)
-{
-    *out = PyObject_GetAttrString(self, "top");
-    if (*out == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-            return -1;
-        PyErr_Clear();
-    }
-    return 0;
-}
-
-/* Continuation.__del__ (the Python method is kept as handlers._del_py): a
- * continuation dropped unused is unwound, except at interpreter exit.  Every
- * round trip frees one continuation; in C that costs no Python frame. */
+/* Continuation.__del__ as ContinuationData's tp_finalize (the Python method
+ * is kept as handlers._del_py; handlers deletes it from the class so that
+ * this runs): a continuation dropped unused is unwound, except at
+ * interpreter exit.  Every round trip frees one continuation; here that
+ * costs no method lookup and no call. */
 static PyObject *g_unwind_fn;        /* fibers.unwind                            */
 
-static PyObject *
-rt_del(PyObject *self, PyObject *Py_UNUSED(ignored))
+void
+kfx_continuation_finalize(PyObject *self)
 {
-    PyObject *top;
-    if (Py_TYPE(self) == g_cont_t)
-        top = Py_XNewRef(SLOT(self, off_top));
-    else if (PyObject_GetOptionalAttr_compat(self, &top) < 0)
-        return NULL;
-    int live = top != NULL && top != Py_None;
-    Py_XDECREF(top);
+    PyObject *top = ((KChain *)self)->top;
 #if PY_VERSION_HEX >= 0x030D0000
     int finalizing = Py_IsFinalizing();
 #else
     int finalizing = _Py_IsFinalizing();
 #endif
-    if (!live || finalizing)
-        Py_RETURN_NONE;
-    return PyObject_CallOneArg(g_unwind_fn, self);
+    if (g_unwind_fn == NULL || top == NULL || top == Py_None || finalizing)
+        return;
+    PyObject *pending = exc_save();  /* a finalizer keeps the exception being raised */
+    PyObject *r = PyObject_CallOneArg(g_unwind_fn, self);
+    if (r == NULL)
+        PyErr_WriteUnraisable(self);
+    Py_XDECREF(r);
+    exc_restore(pending);
 }
-
-static PyMethodDef del_def = {
-    "__del__", rt_del, METH_NOARGS,
-    "Dropped without being used: run its cleanup (compiled Continuation.__del__)."};
 
 PyDoc_STRVAR(bind_round_trip_doc,
 "_bind_round_trip(Chain, Continuation, GreenletExit, Unwind, begin_unwind_here, switch_into,\n"
 "                 resume, PERFORMED, RETURNED, RAISED, unwind)\n--\n\n"
 "Called by kina_fx.handlers after _bind: what the compiled round trip works with.\n"
-"Returns the compiled ``resume`` and ``__del__`` method descriptors for Continuation.");
+"Returns the compiled ``resume`` method descriptor for Continuation (its\n"
+"__del__ is ContinuationData's finalizer once the class has none of its own).");
 
 static PyObject *
 bind_round_trip(PyObject *Py_UNUSED(module), PyObject *args)
@@ -573,11 +673,7 @@ bind_round_trip(PyObject *Py_UNUSED(module), PyObject *args)
             check_data_type(cont_t, &KContinuation_Type, "Continuation"))
         return NULL;
     PyObject *descr = PyDescr_NewMethod((PyTypeObject *)cont_t, &resume_def);
-    PyObject *del = descr == NULL ? NULL : PyDescr_NewMethod((PyTypeObject *)cont_t, &del_def);
-    PyObject *pair = del == NULL ? NULL : PyTuple_Pack(2, descr, del);
-    Py_XDECREF(descr);
-    Py_XDECREF(del);
-    if (pair == NULL)
+    if (descr == NULL)
         return NULL;
     Py_XSETREF(g_chain_t, (PyTypeObject *)Py_NewRef(chain_t));
     Py_XSETREF(g_cont_t, (PyTypeObject *)Py_NewRef(cont_t));
@@ -590,8 +686,11 @@ bind_round_trip(PyObject *Py_UNUSED(module), PyObject *args)
     Py_XSETREF(g_returned, Py_NewRef(returned));
     Py_XSETREF(g_raised, Py_NewRef(raised));
     Py_XSETREF(g_unwind_fn, Py_NewRef(unwind_fn));
+    if (g_greenlet_t == NULL)
+        bind_greenlet_api();
+    flush_chain_caches();            /* rebinding: of the old classes */
     rt_bound = 1;
-    return pair;
+    return descr;
 }
 
 PyMethodDef kfx_round_trip_methods[] = {
