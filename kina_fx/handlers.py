@@ -760,6 +760,7 @@ if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
                 fibers.switch_into, _resume_py, PERFORMED, RETURNED, RAISED, fibers.unwind)
             _fiber_handle_mirror = _speedups._bind_steppers(Stepper, _Catch, _SUSPEND_TO_HOST,
                                                             Cancelled)
+            _speedups._bind_drive(_drive_compiled, _drive_on_fresh_stack, _HOP_DEPTH)
         except (TypeError, AttributeError) as exc:   # a stale build: rebuild it
             import warnings
             warnings.warn(f"kina_fx._speedups does not fit this kina_fx ({exc}); "

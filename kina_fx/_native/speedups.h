@@ -146,6 +146,7 @@ extern PyObject *g_local;          /* fibers.local (a threading.local)          
 extern PyTypeObject *g_fiber_t;    /* fibers.Fiber                              */
 extern PyTypeObject *g_tstate_t;   /* fibers.ThreadState                        */
 extern PyTypeObject *g_skip_t;     /* handlers._Skip                            */
+extern PyTypeObject *g_handler_t;  /* handlers.Handler                          */
 extern PyTypeObject *g_tail_t;     /* handlers._TailResume                      */
 extern PyObject *g_handler_fun;    /* Handler.__dict__["fun"] (member descr)    */
 extern PyObject *g_handler_on;     /* Handler.__dict__["on"]                    */

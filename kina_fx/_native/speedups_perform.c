@@ -58,6 +58,7 @@ PyObject *g_local;
 PyTypeObject *g_fiber_t;
 PyTypeObject *g_tstate_t;
 PyTypeObject *g_skip_t;
+PyTypeObject *g_handler_t;
 PyTypeObject *g_tail_t;
 PyObject *g_handler_fun;
 PyObject *g_handler_on;
@@ -109,11 +110,21 @@ kfx_type_keeps_field(PyTypeObject *tp, PyObject *name, PyObject *descr)
 {
     if (tp->tp_getattro != PyObject_GenericGetAttr)
         return 0;
+    /* the one type that nearly every entry is: handlers.Handler, unchanged */
+    static PyTypeObject *handler_tp;
+    static unsigned int handler_tag;
+    if (tp == handler_tp && tp->tp_version_tag == handler_tag && version_tag_valid(tp))
+        return 1;
     size_t k = (((uintptr_t)tp >> 4) ^ ((uintptr_t)name >> 4)) % FIELD_CACHE;
     if (field_cache[k].tp == tp && field_cache[k].name == name && version_tag_valid(tp)
             && field_cache[k].tag == tp->tp_version_tag)
         return field_cache[k].keeps;
     int keeps = _PyType_Lookup(tp, name) == descr;    /* assigns a version tag if it can */
+    if (keeps && tp == g_handler_t && version_tag_valid(tp)
+            && _PyType_Lookup(tp, name == s_fun ? s_on : s_fun) == (name == s_fun ? g_handler_on : g_handler_fun)) {
+        handler_tp = tp;             /* both fields are its own */
+        handler_tag = tp->tp_version_tag;
+    }
     if (version_tag_valid(tp)) {      /* borrowed: a type freed and another made at its
                                        * address gets a new version tag */
         field_cache[k].tp = tp;
@@ -194,6 +205,8 @@ in_on(PyObject *h, PyObject *effect)
 PyObject *
 thread_state(void)
 {
+    if (kfx_thread_state != NULL)    /* this thread's (speedups_types.c keeps it) */
+        return Py_NewRef(kfx_thread_state);
     PyThreadState *ts = PyThreadState_Get();
     uint64_t tid = PyThreadState_GetID(ts);
     if (tid == cached_tid && cached_state != NULL)

@@ -230,6 +230,63 @@ kfx_release_tuple(PyObject *t)
         Py_XDECREF(items[k]);
 }
 
+/* _TailResume objects the driver loop is done with, kept for reuse. */
+static PyObject *tail_cache[CHAIN_CACHE];
+static int tails_cached;
+
+/* _TailResume(chain, send) (steals both). */
+static PyObject *
+new_tail_resume(PyObject *chain, PyObject *send)
+{
+    PyObject *tr = tails_cached > 0 ? tail_cache[--tails_cached] : g_tail_t->tp_alloc(g_tail_t, 0);
+    if (tr == NULL) {
+        Py_DECREF(chain);
+        Py_DECREF(send);
+        return NULL;
+    }
+    SLOT(tr, off_tr_chain) = chain;
+    SLOT(tr, off_tr_send) = send;
+    return tr;
+}
+
+/* Drop the driver's reference to a _TailResume whose fields it took. */
+static void
+release_tail_resume(PyObject *tr)
+{
+    if (Py_REFCNT(tr) == 1 && Py_TYPE(tr) == g_tail_t && tails_cached < CHAIN_CACHE) {
+        PyObject *chain = SLOT(tr, off_tr_chain), *send = SLOT(tr, off_tr_send);
+        SLOT(tr, off_tr_chain) = SLOT(tr, off_tr_send) = NULL;
+        tail_cache[tails_cached++] = tr;
+        Py_XDECREF(chain);
+        Py_XDECREF(send);
+        return;
+    }
+    Py_DECREF(tr);
+}
+
+/* A resume not in tail position nests a driver (handlers._resume_from):
+ * handlers._drive (the one-line Python frame the tail check looks for), or
+ * past _HOP_DEPTH frames handlers._drive_on_fresh_stack.  Bound by
+ * _bind_drive; without it rt_resume calls handlers._resume_nested. */
+static PyObject *g_drive_fn, *g_drive_fresh;
+static int g_hop_depth;
+
+/* handlers._stack_is_deep: the Python stack of this greenlet is deeper than
+ * _HOP_DEPTH frames, as the thread state counts calls. */
+static int
+stack_is_deep(void)
+{
+    PyThreadState *ts = PyThreadState_Get();
+#if PY_VERSION_HEX >= 0x030C0000
+    int depth = ts->py_recursion_limit - ts->py_recursion_remaining;
+#elif PY_VERSION_HEX >= 0x030B0000
+    int depth = ts->recursion_limit - ts->recursion_remaining;
+#else
+    int depth = ts->recursion_depth;
+#endif
+    return depth > g_hop_depth;
+}
+
 /* ``if send[0]: raise send[1]`` / ``return send[1]``; steals ``send``. */
 static PyObject *
 rt_answer(PyObject *send)
@@ -394,21 +451,6 @@ switch_into(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     return rt_switch_into(args[0], args[1]);
 }
 
-/* ``obj`` of heap type ``tp`` with two slots set (steals a, b). */
-static PyObject *
-new_pair(PyTypeObject *tp, Py_ssize_t off_a, PyObject *a, Py_ssize_t off_b, PyObject *b)
-{
-    PyObject *obj = tp->tp_alloc(tp, 0);
-    if (obj == NULL) {
-        Py_DECREF(a);
-        Py_DECREF(b);
-        return NULL;
-    }
-    SLOT(obj, off_a) = a;
-    SLOT(obj, off_b) = b;
-    return obj;
-}
-
 /* Continuation.resume(self, value=None), then handlers._resume_from. */
 static PyObject *
 rt_resume(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -448,16 +490,26 @@ rt_resume(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
     }
     int tail = straight_to_driver((PyObject *)caller);
     Py_DECREF(caller);
-    PyObject *tr = tail < 0 ? NULL : new_pair(g_tail_t, off_tr_chain, chain, off_tr_send, send);
     if (tail < 0) {
         Py_DECREF(chain);
         Py_DECREF(send);
+        return NULL;
     }
-    if (tr == NULL || tail)
-        return tr;                   /* _TailResume(chain, send) for the driver */
-    /* not a tail resume: nest (_resume_nested: the deep-stack hop, then _drive) */
-    PyObject *r = PyObject_CallOneArg(g_nested, tr);
-    Py_DECREF(tr);
+    if (tail)                        /* _TailResume(chain, send) for the driver */
+        return new_tail_resume(chain, send);
+    /* not a tail resume: nest (the deep-stack hop, or _drive) */
+    PyObject *r;
+    if (g_drive_fn != NULL) {
+        PyObject *call[2] = {chain, send};
+        r = PyObject_Vectorcall(stack_is_deep() ? g_drive_fresh : g_drive_fn, call, 2, NULL);
+        kfx_release_chain(chain);
+        Py_DECREF(send);
+    }
+    else {
+        PyObject *tr = new_tail_resume(chain, send);
+        r = tr == NULL ? NULL : PyObject_CallOneArg(g_nested, tr);
+        Py_XDECREF(tr);
+    }
     return r;
 
 py:;
@@ -594,7 +646,7 @@ rt_drive(PyObject *chain, PyObject *send)
         }
         Py_INCREF(chain);
         Py_INCREF(send);
-        Py_DECREF(result);
+        release_tail_resume(result);
     }
 }
 
@@ -693,7 +745,32 @@ bind_round_trip(PyObject *Py_UNUSED(module), PyObject *args)
     return descr;
 }
 
+PyDoc_STRVAR(bind_drive_doc,
+"_bind_drive(drive, drive_on_fresh_stack, hop_depth)\n--\n\n"
+"Called by kina_fx.handlers: what a resume that is not in tail position calls\n"
+"(handlers._drive, handlers._drive_on_fresh_stack past hop_depth frames).");
+
+static PyObject *
+bind_drive(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *drive_fn, *fresh;
+    int hop;
+    if (!PyArg_ParseTuple(args, "OOi:_bind_drive", &drive_fn, &fresh, &hop))
+        return NULL;
+    if (!PyCallable_Check(drive_fn) || !PyCallable_Check(fresh)) {
+        PyErr_SetString(PyExc_TypeError, "_bind_drive: drive and drive_on_fresh_stack must be callable");
+        return NULL;
+    }
+    Py_XSETREF(g_drive_fn, Py_NewRef(drive_fn));
+    Py_XSETREF(g_drive_fresh, Py_NewRef(fresh));
+    g_hop_depth = hop;
+    while (tails_cached > 0)         /* rebinding: of the old class */
+        Py_DECREF(tail_cache[--tails_cached]);
+    Py_RETURN_NONE;
+}
+
 PyMethodDef kfx_round_trip_methods[] = {
+    {"_bind_drive", bind_drive, METH_VARARGS, bind_drive_doc},
     {"_bind_round_trip", bind_round_trip, METH_VARARGS, bind_round_trip_doc},
     {"switch_into", (PyCFunction)(void (*)(void))switch_into, METH_FASTCALL, switch_into_doc},
     {"drive", (PyCFunction)(void (*)(void))drive, METH_FASTCALL, drive_doc},
