@@ -45,6 +45,7 @@ typedef struct {
     PyObject_HEAD
     PyObject *stack, *handler, *shallow, *parent, *thread, *job, *glet, *unwinder;
     PyObject *weakreflist;
+    int performs;                       /* kina_performs nested on this fiber's stack */
 } KFiber;
 
 typedef struct {
@@ -66,7 +67,8 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     PyObject *fiber, *index;
-    Py_ssize_t index_c;                 /* ``index`` as a C value (speedups_nogil.c) */
+    Py_ssize_t index_c;                 /* ``index`` as a C value (-2: not an index)  */
+    int index_is_c;                     /* ``index`` unset: made from index_c on read */
 } KSkip;
 
 typedef struct {

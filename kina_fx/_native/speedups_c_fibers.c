@@ -475,11 +475,40 @@ fast_fiber_result(uint64_t handle, int64_t *out_value, int32_t *status)
 
 /* kina_perform: the search without the GIL (speedups_nogil.c), then, if it
  * stopped short, the rest with the GIL (speedups_c_abi.c). */
+static int fast_perform_counted(int32_t effect, const int64_t *args, int32_t nargs,
+                                int64_t *out_value, int32_t *status);
+
+/* C handlers that perform again nest C frames on the fiber's stack: past this
+ * many kina_performs nested on one fiber, kina_perform fails with status 5
+ * (a RecursionError, as Python's limit ends the cffi path), not a crash,
+ * whatever that Python's C recursion limit is. */
+#define PERFORM_DEPTH 1000
+
 static int
 fast_perform(int32_t effect, const int64_t *args, int32_t nargs, int64_t *out_value, int32_t *status)
 {
-    if (g_cclause_t == NULL)
+    KFiber *fiber = kfx_current;
+    if (g_cclause_t == NULL || fiber == NULL)
         return KINA_FAST_DECLINED;
+    if (fiber->performs >= PERFORM_DEPTH) {
+        gil_call g;
+        if (!gil_enter(&g))
+            return KINA_FAST_DECLINED;
+        PyErr_SetString(PyExc_RecursionError, "maximum recursion depth exceeded in kina_perform");
+        *status = kfx_report_exception();
+        gil_leave(&g);
+        return KINA_FAST_DONE;
+    }
+    fiber->performs++;               /* the fiber is alive while it runs this */
+    int done = fast_perform_counted(effect, args, nargs, out_value, status);
+    fiber->performs--;
+    return done;
+}
+
+static int
+fast_perform_counted(int32_t effect, const int64_t *args, int32_t nargs, int64_t *out_value,
+                     int32_t *status)
+{
     kfx_nogil_state ns;
     int r = kfx_nogil_perform(effect, args, nargs, out_value, status, &ns);
     if (r == KINA_FAST_DONE)

@@ -267,6 +267,8 @@ kfx_nogil_perform(int32_t effect, const int64_t *c_args, int32_t nargs, int64_t 
         if (tp == g_skip_t) {
             PyObject *nf = ((KSkip *)e)->fiber;
             Py_ssize_t ni = ((KSkip *)e)->index_c;
+            if (!((KSkip *)e)->index_is_c && ((KSkip *)e)->index == NULL)
+                ni = -3;             /* unset: the GIL path raises as Python does */
             if (nf == NULL || Py_TYPE(nf) != g_fiber_t || ni < -1)
                 goto gil;
             f = (KFiber *)nf;

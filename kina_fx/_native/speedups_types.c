@@ -190,7 +190,14 @@ static PyGetSetDef tstate_getset[] = {
     {"current", tstate_get_current, tstate_set_current, NULL, NULL}, {NULL}};
 
 /* _Skip.index: also kept as a C value, for the search without the GIL. */
-static PyObject *skip_get_index(PyObject *self, void *c) { return field_get(((KSkip *)self)->index, "index"); }
+static PyObject *
+skip_get_index(PyObject *self, void *c)
+{
+    KSkip *sk = (KSkip *)self;
+    if (sk->index == NULL && sk->index_is_c)     /* made by C: the object on demand */
+        sk->index = PyLong_FromSsize_t(sk->index_c);
+    return field_get(sk->index, "index");
+}
 
 static int
 skip_set_index(PyObject *self, PyObject *value, void *c)
@@ -203,9 +210,12 @@ skip_set_index(PyObject *self, PyObject *value, void *c)
             i = -2;
         }
     }
+    if (value == NULL && ((KSkip *)self)->index_is_c)
+        ((KSkip *)self)->index = PyLong_FromSsize_t(((KSkip *)self)->index_c);  /* then del */
     if (field_set(&((KSkip *)self)->index, value, "index") < 0)
         return -1;
     ((KSkip *)self)->index_c = i;
+    ((KSkip *)self)->index_is_c = 0;
     return 0;
 }
 
