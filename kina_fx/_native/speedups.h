@@ -344,6 +344,7 @@ extern PyMethodDef kfx_tail_methods[];
 
 PyObject *rt_suspend(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, PyObject *h);
 PyObject *rt_switch_into(PyObject *chain, PyObject *send);
+PyObject *kfx_switch_into_stealing(PyObject *chain, PyObject *send);
 void kfx_release_chain(PyObject *chain);
 PyObject *kfx_tuple(Py_ssize_t n, PyObject *a, PyObject *b, PyObject *c);
 void kfx_release_tuple(PyObject *t);

@@ -294,7 +294,7 @@ kina_fast_perform(int32_t effect_id, const int64_t *c_args, int32_t nargs, int64
  * the call of the C handler it called (its outcome with ``outcome``, its
  * materialized marker off with ``pop_only``), and / or the search on from
  * (ns->f, ns->i).  The caller holds the GIL and has materialized the pending
- * markers; ns->called is set (nothing declines any more). */
+ * markers.  Once a C handler ran (ns->called) nothing declines any more. */
 int
 kfx_perform_after_nogil(int32_t effect_id, int32_t nargs, int64_t *out, int32_t *status,
                         int *errno_out, const kfx_nogil_state *ns, int pop_only)
@@ -302,14 +302,17 @@ kfx_perform_after_nogil(int32_t effect_id, int32_t nargs, int64_t *out, int32_t 
     if (!PyList_CheckExact(g_effects_by_id) || effect_id <= 0
             || effect_id >= PyList_GET_SIZE(g_effects_by_id)) {
         PyErr_SetString(PyExc_SystemError, "kina_fx: bad effect id after the search without the GIL");
-        *status = kfx_report_exception();
-        return KINA_FAST_DONE;
+        goto not_run;
     }
-    PyObject *effect = Py_NewRef(PyList_GET_ITEM(g_effects_by_id, effect_id));
+    PyObject *effect = PyList_GET_ITEM(g_effects_by_id, effect_id);
+    if (effect == Py_None) {             /* (only if nothing ran: no handler has this id) */
+        PyErr_SetString(PyExc_SystemError, "kina_fx: no effect with that id");
+        goto not_run;
+    }
+    Py_INCREF(effect);
     if (Py_EnterRecursiveCall(" in kina_perform")) {
-        *status = kfx_report_exception();
         Py_DECREF(effect);
-        return KINA_FAST_DONE;
+        goto not_run;
     }
     int done;
     PyObject *st = thread_state();
@@ -355,11 +358,20 @@ kfx_perform_after_nogil(int32_t effect_id, int32_t nargs, int64_t *out, int32_t 
             goto out;
         }
     }
-    done = perform_loop(st, f, i, effect, effect_id, ns->args, nargs, out, status, errno_out, 1);
+    done = perform_loop(st, f, i, effect, effect_id, ns->args, nargs, out, status, errno_out,
+                        ns->called);
 out:
     Py_DECREF(effect);
     Py_LeaveRecursiveCall();
     return done;
+
+not_run:
+    if (!ns->called) {                   /* nothing ran: the Python path does it all */
+        PyErr_Clear();
+        return KINA_FAST_DECLINED;
+    }
+    *status = kfx_report_exception();
+    return KINA_FAST_DONE;
 }
 
 /* The search and the C handler calls from (f, i) (steals st and f).  With

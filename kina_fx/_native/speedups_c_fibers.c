@@ -234,6 +234,17 @@ set_field(PyObject **field, PyObject *value)     /* value borrowed */
     Py_XDECREF(old);
 }
 
+/* The same for Stepper.args: the tuple it held goes back to the cache if
+ * nobody else holds it. */
+static inline void
+set_args_field(PyObject **field, PyObject *value)
+{
+    PyObject *old = *field;
+    *field = Py_NewRef(value);
+    if (old != NULL)
+        kfx_release_tuple(old);
+}
+
 /* Record the C copy of what the fiber stopped in (the Stepper's fields are set). */
 static void
 cache_outcome(KStepper *s, int state)
@@ -313,10 +324,9 @@ c_step(KStepper *s, int64_t value)
     s->c_valid = 0;
     set_field(&s->state, g_states[ST_RUNNING]);
     set_field(&s->effect, Py_None);
-    set_field(&s->args, g_empty);
-    PyObject *msg = rt_switch_into(chain, send);
+    set_args_field(&s->args, g_empty);
+    PyObject *msg = kfx_switch_into_stealing(chain, send);
     kfx_release_chain(chain);
-    Py_DECREF(send);
     PyObject *kind = NULL, *payload = NULL;
     if (msg != NULL) {
         if (PyTuple_CheckExact(msg) && PyTuple_GET_SIZE(msg) == 3) {
@@ -351,7 +361,7 @@ c_step(KStepper *s, int64_t value)
             args = PyTuple_GET_ITEM(args, 1);
         }
         set_field(&s->effect, effect);
-        set_field(&s->args, args);
+        set_args_field(&s->args, args);
         done = ST_SUSPENDED;
         kfx_release_tuple(payload);
         payload = NULL;
@@ -517,9 +527,9 @@ fast_perform_counted(int32_t effect, const int64_t *args, int32_t nargs, int64_t
     if (!gil_enter(&g))
         return KINA_FAST_DECLINED;   /* (no handler ran: this thread never had Python) */
     int done;
-    if (!ns.called)
+    if (r == KINA_FAST_DECLINED)     /* it did not even start: from the top */
         done = kina_fast_perform(effect, args, nargs, out_value, status, &g.saved_errno);
-    else
+    else                             /* from where it stopped */
         done = kfx_perform_after_nogil(effect, nargs, out_value, status, &g.saved_errno, &ns,
                                        r == KFX_NEED_GIL_POP);
     gil_leave(&g);

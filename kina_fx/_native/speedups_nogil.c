@@ -235,8 +235,7 @@ kfx_nogil_perform(int32_t effect, const int64_t *c_args, int32_t nargs, int64_t 
     int64_t *buf = ns->args;
     for (int32_t k = 0; k < nargs; k++)
         buf[k] = c_args[k];
-    for (int32_t k = nargs; k < KFX_MAX_ARGS; k++)
-        buf[k] = 0;
+    int zeroed = 0;                  /* the slots past nargs, before a handler sees them */
     Py_ssize_t i = -1;
     if (marks != NULL && nmarks > 0 && marks[nmarks - 1].cur == cur) {
         /* under a marker that is not on the stack yet: start where it points */
@@ -289,6 +288,11 @@ kfx_nogil_perform(int32_t effect, const int64_t *c_args, int32_t nargs, int64_t 
         uint64_t token = nogil_depth < NOGIL_DEPTH ? push_mark(cur, f, i) : 0;
         if (token == 0)
             goto gil;
+        if (!zeroed) {
+            for (int32_t k = nargs; k < KFX_MAX_ARGS; k++)
+                buf[k] = 0;
+            zeroed = 1;
+        }
         int64_t answer = 0;
         nogil_depth++;
         int32_t rc = ((c_handler_fn)h->fn)(h->ctx, effect, buf, nargs, &answer);

@@ -188,8 +188,9 @@ flush_chain_caches(void)
 }
 
 /* The small tuples of the protocol (a send pair, the two tuples of a perform
- * message) are kept for reuse once a C reader is done with them and nobody
- * else holds them; kfx_tuple(n, ...) makes one from the cache or anew. */
+ * message, a perform's arguments) are kept for reuse once a C reader is done
+ * with them and nobody else holds them; kfx_tuple(n, ...) makes one (n <= 3)
+ * from the cache or anew. */
 #define TUPLE_CACHE 16
 static PyObject *tuple_cache[4][TUPLE_CACHE];
 static int tuples_cached[4];
@@ -216,7 +217,7 @@ void
 kfx_release_tuple(PyObject *t)
 {
     Py_ssize_t n = PyTuple_CheckExact(t) ? PyTuple_GET_SIZE(t) : 0;
-    if (Py_REFCNT(t) != 1 || n < 2 || n > 3 || tuples_cached[n] >= TUPLE_CACHE) {
+    if (Py_REFCNT(t) != 1 || n < 1 || n > 3 || tuples_cached[n] >= TUPLE_CACHE) {
         Py_DECREF(t);
         return;
     }
@@ -347,7 +348,9 @@ rt_suspend(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, P
     SLOT(k, off_base) = Py_NewRef(f);
     SLOT(k, off_k_shallow) = Py_NewRef(shallow);
     /* message = (PERFORMED, h, (effect, args, k)) */
-    PyObject *payload = args_tuple(args, n);
+    PyObject *payload = n >= 1 && n <= 3 ? kfx_tuple(n, args[0], n > 1 ? args[1] : NULL,
+                                                      n > 2 ? args[2] : NULL)
+                                         : args_tuple(args, n);
     PyObject *inner = payload == NULL ? NULL : kfx_tuple(3, effect, payload, k);
     PyObject *message = inner == NULL ? NULL : kfx_tuple(3, g_performed, h, inner);
     Py_XDECREF(payload);
@@ -397,14 +400,27 @@ fail:
 PyObject *
 rt_switch_into(PyObject *chain, PyObject *send)
 {
-    if (kfx_materialize() < 0)       /* no pending marker crosses a switch */
+    Py_INCREF(send);
+    return kfx_switch_into_stealing(chain, send);
+}
+
+/* rt_switch_into taking the caller's reference to ``send``: the fiber that
+ * reads it is then its only holder, and can reuse the pair. */
+PyObject *
+kfx_switch_into_stealing(PyObject *chain, PyObject *send)
+{
+    if (kfx_materialize() < 0) {     /* no pending marker crosses a switch */
+        Py_DECREF(send);
         return NULL;
+    }
     PyTypeObject *ct = Py_TYPE(chain);
     if (!rt_bound || (ct != g_chain_t && ct != g_cont_t))
         goto py;
     PyObject *st = thread_state();
-    if (st == NULL)
+    if (st == NULL) {
+        Py_DECREF(send);
         return NULL;
+    }
     PyObject *dropped = SLOT(st, off_dropped), *me = SLOT(st, off_current);
     PyObject *top = SLOT(chain, off_top), *base = SLOT(chain, off_base);
     if (dropped == NULL || !PyList_CheckExact(dropped) || PyList_GET_SIZE(dropped) != 0 ||
@@ -422,7 +438,9 @@ rt_switch_into(PyObject *chain, PyObject *send)
     set_slot(chain, off_top, Py_None);
     set_slot(chain, off_base, Py_None);
     set_slot(base, off_parent, me);
-    set_slot(st, off_mail, send);
+    PyObject *old_mail = SLOT(st, off_mail);
+    SLOT(st, off_mail) = send;       /* ours, moved into the mailbox */
+    Py_XDECREF(old_mail);
     kfx_set_current(st, top);
     PyObject *glet = Py_NewRef(SLOT(top, off_glet));
     Py_DECREF(me);
@@ -433,7 +451,9 @@ rt_switch_into(PyObject *chain, PyObject *send)
 
 py:;
     PyObject *call[2] = {chain, send};
-    return PyObject_Vectorcall(g_switch_into_py, call, 2, NULL);
+    PyObject *r = PyObject_Vectorcall(g_switch_into_py, call, 2, NULL);
+    Py_DECREF(send);
+    return r;
 }
 
 PyDoc_STRVAR(switch_into_doc,
@@ -545,9 +565,8 @@ rt_drive(PyObject *chain, PyObject *send)
     Py_INCREF(chain);
     Py_INCREF(send);
     for (;;) {
-        PyObject *msg = rt_switch_into(chain, send);
+        PyObject *msg = kfx_switch_into_stealing(chain, send);
         kfx_release_chain(chain);
-        Py_DECREF(send);
         if (msg == NULL)
             return NULL;
         if (!PyTuple_CheckExact(msg) || PyTuple_GET_SIZE(msg) != 3) {
