@@ -449,13 +449,10 @@ perform_loop(PyObject *st, PyObject *f, Py_ssize_t i, PyObject *effect, int32_t 
     }
 
 general:
-    /* Something only perform_at does, from (f, i): the Python path if nothing
-     * ran yet, else here (a C handler forwarded to it). */
-    if (!called) {
-        Py_DECREF(f);
-        Py_DECREF(st);
-        return KINA_FAST_DECLINED;
-    }
+    /* A Python clause, or nothing handles it: what perform_at does, from
+     * (f, i), as handlers.perform does for kina_py_perform (the arguments were
+     * validated as it validates them, the answer converts as it converts). */
+    called = 1;
     if (box_args(args, n, box) < 0)
         goto error;
     if (f == Py_None) {

@@ -241,14 +241,15 @@ kfx_nogil_perform(int32_t effect, const int64_t *c_args, int32_t nargs, int64_t 
         /* under a marker that is not on the stack yet: start where it points */
         pending_mark *m = &marks[nmarks - 1];
         if (m->height != stack_len(cur))
-            goto gil;                /* the stack changed under it: the GIL sorts it out */
+            return KINA_FAST_DECLINED;   /* the stack changed under it: from the top, with
+                                          * the GIL, once the marker is in place */
         f = m->f;
         i = m->i;
         if (!step_below(&f, &i))
             goto gil;
     }
     else if ((i = stack_len(f) - 1) < -1)
-        goto gil;
+        return KINA_FAST_DECLINED;
     for (;;) {
         if (i < 0) {                 /* f's control handler */
             PyObject *h = f->handler;
