@@ -77,7 +77,8 @@ setup(
         # be compiled, build_ext warns and kina_fx runs in pure Python.
         Extension("kina_fx._speedups", optional=True,
                   sources=[f"kina_fx/_native/speedups_{part}.c"
-                           for part in ("module", "types", "perform", "c_abi", "c_fibers", "tail", "round_trip")],
+                           for part in ("module", "types", "perform", "nogil", "c_abi", "c_fibers", "tail",
+                                        "round_trip")],
                   depends=["kina_fx/_native/speedups.h", "kina_fx/_native/kina_fast_api.h"]),
     ],
     cmdclass={"build_ext": BuildNative},

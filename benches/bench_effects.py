@@ -2,8 +2,9 @@
 
     python benches/bench_effects.py            # prints a Markdown table
 
-Baselines: a plain Python call, a raw greenlet switch round trip, and creating
-plus finishing a raw greenlet.  Medians of several repeats (the machine is noisy).
+Baselines: a plain Python call, a raw greenlet switch round trip driven from
+Python, and creating plus finishing a raw greenlet.  Medians of several repeats
+(the machine is noisy); benches/callgrind_perform.py counts instructions.
 """
 from __future__ import annotations
 
@@ -69,10 +70,21 @@ def fun_perform(n):
 
 
 def on_perform_resume(n):
+    """The tail pattern: the clause resumes in tail position."""
     def body():
         for i in range(n):
             perform(E, i)
     Handler(on={E: lambda k, x: k.resume(x)}).run(body)
+
+
+def on_generator(n):
+    """The generator pattern: the clause returns k; a loop outside resumes it."""
+    def body():
+        for i in range(n):
+            perform(E, i)
+    step = Handler(on={E: lambda k, x: k}).run(body)
+    while step is not None:
+        step = step.resume(None)
 
 
 def handler_run_trivial(n):
@@ -117,9 +129,11 @@ def main():
     create = per_op(raw_greenlet_create_finish, N // 4)
     rows = []
     fun = per_op(fun_perform)
-    rows.append(("`fun` perform vs plain call", fun, call, 4.0))
+    rows.append(("`fun` perform vs plain call", fun, call, 2.0))
     on = per_op(on_perform_resume)
-    rows.append(("`on` perform+resume vs raw greenlet round trip", on, switch, 1.5))
+    rows.append(("`on` tail pattern (`return k.resume(x)`) vs raw greenlet round trip", on, switch, 1.3))
+    gen = per_op(on_generator)
+    rows.append(("`on` generator pattern (clause returns k) vs raw greenlet round trip", gen, switch, 1.5))
     run = per_op(handler_run_trivial, N // 4)
     rows.append(("`Handler.run` of a trivial body vs greenlet create+finish", run, create, None))
     abort = per_op(abort_run, N // 4)

@@ -1,14 +1,24 @@
-"""Instruction counts of a `fun` perform vs a plain call (noise-free; run under callgrind).
+"""Instruction counts of the effects runtime's Python-side operations and their
+baselines (noise-free: run under callgrind; docs/benchmarks.md has the table).
 
-    for mode in fun call; do for n in 10000 20000; do
-      valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.$mode.$n \
+    for mode in call fun switch tail generator; do for n in 10000 20000; do
+      valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.$mode.$n \\
         .venv/bin/python benches/callgrind_perform.py $mode $n 2>&1 | grep Collected
     done; done
 
-Per iteration = (count at 20,000 - count at 10,000) / 10,000; the ratio of the
-two modes is the `fun` perform's cost in plain calls.
+Per operation = (count at 20,000 - count at 10,000) / 10,000.  Modes:
+
+* ``call``: a plain Python call (the baseline of ``fun``);
+* ``fun``: a perform answered by a ``fun`` clause;
+* ``switch``: a raw greenlet switch round trip (the baseline of the next two);
+* ``tail``: an ``on`` perform whose clause resumes in tail position
+  (``return k.resume(x)``);
+* ``generator``: an ``on`` perform whose clause returns ``k``; a loop outside
+  resumes it (the generator pattern).
 """
 import sys
+
+from greenlet import getcurrent, greenlet
 
 from kina_fx import Effect, Handler, perform
 
@@ -19,15 +29,43 @@ def f(x):
     return x
 
 
-def main(mode: str, n: int) -> None:
-    if mode == "fun":
-        with Handler(fun={E: f}):
-            for i in range(n):
-                perform(E, i)
-    else:
+def run_call(n):
+    for i in range(n):
+        f(i)
+
+
+def run_fun(n):
+    with Handler(fun={E: f}):
         for i in range(n):
-            f(i)
+            perform(E, i)
+
+
+def run_switch(n):
+    main = getcurrent()
+
+    def child():
+        while True:
+            main.switch()
+    g = greenlet(child)
+    for _ in range(n):
+        g.switch()
+
+
+def run_tail(n):
+    def body():
+        for i in range(n):
+            perform(E, i)
+    Handler(on={E: lambda k, x: k.resume(x)}).run(body)
+
+
+def run_generator(n):
+    def body():
+        for i in range(n):
+            perform(E, i)
+    step = Handler(on={E: lambda k, x: k}).run(body)
+    while step is not None:
+        step = step.resume(None)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    globals()["run_" + sys.argv[1]](int(sys.argv[2]))

@@ -181,15 +181,24 @@ def _require(ptr, name: str) -> None:
 
 # ---- C handlers ---------------------------------------------------------------------
 
-class CHandler(Handler):
+class CHandler(Handler, data_type("CHandlerData", ("thread", "__weakref__"), base=Handler.__base__)):
     """A handler pushed by ``kina_push_handler``: each of its effects calls the
-    C function ``fn(ctx, effect, args, nargs, &out)`` in place."""
+    C function ``fn(ctx, effect, args, nargs, &out)`` in place.
 
-    __slots__ = ("thread", "__weakref__")
+    With the C fast paths on, their C core also records what it calls
+    (``describe_c_handler``), so that ``kina_perform`` from C finds and calls
+    it without the GIL; its effects are fixed when it is made."""
+
+    __slots__ = ()
 
     def __init__(self, fn, ctx, effects):
-        super().__init__(fun={e: CClause(fn, ctx, e) for e in effects})
+        clauses = {e: CClause(fn, ctx, e) for e in effects}
+        super().__init__(fun=clauses)
         self.thread = handlers.thread_token()
+        if _fast_paths is not None and clauses:
+            some = next(iter(clauses.values()))
+            _fast_paths.describe_c_handler(self, some.fn_address, some.ctx_address,
+                                           tuple(e.id for e in clauses))
 
 
 class CClause(data_type("CClauseData", ("fn", "ctx", "effect", "effect_id", "fn_address",
@@ -418,6 +427,7 @@ CALLBACKS = {name: fn for name, fn in globals().items() if name.startswith("kina
 # ---- the compiled kina_perform fast path (kina_fast_perform in speedups_c_abi.c) ----------
 
 _onerror = None  # kina_fx.ffi's error hook, set by attach()
+_fast_paths = None  # what handlers.bind_c_abi returned (None: the fast paths are off)
 
 
 def _answer_to_int64(effect, value) -> int:
@@ -434,9 +444,10 @@ def _report_error(exc) -> int:
 def _bind_fast_path() -> bool:
     """Turn on the C fast paths of kina_perform and the host fibers (only when
     the compiled perform is the one in use, not with KINA_FX_PURE_PYTHON=1)."""
-    mirror = handlers.bind_c_abi(CClause, _answer_to_int64, _report_error)
-    fiber_handles.mirror_to(mirror)
-    return mirror is not None
+    global _fast_paths
+    _fast_paths = handlers.bind_c_abi(CClause, CHandler, _answer_to_int64, _report_error)
+    fiber_handles.mirror_to(_fast_paths)
+    return _fast_paths is not None
 
 
 def attach(ffi, onerror) -> dict:

@@ -883,18 +883,21 @@ def _resume_nested(tail):
 # --- the C ABI's binding point ------------------------------------------------
 
 
-def bind_c_abi(clause_type, answer_to_int64, report_error):
+def bind_c_abi(clause_type, handler_type=None, answer_to_int64=None, report_error=None):
     """Turn on libkina_fx.so's C fast paths (kina_perform answered by C
     handlers, host fibers driven) so that they run without entering Python.
 
-    ``clause_type`` is the class of the ``fun`` clauses that stand for C
-    handlers (kina_fx.ffi_effects.CClause); ``answer_to_int64(effect, value)``
-    converts a Python answer for C, ``report_error(exc)`` sets kina_last_error
-    and returns the status.  Returns the fast paths' view of the host fiber
-    handles, which the caller keeps up to date (``note(handle, stepper)``,
-    ``forget(handle)``, ``forget_all()``), or None (changing nothing) when the
-    compiled perform is not the one in use: every call then takes the Python
-    path.  ``bind_c_abi(None, None, None)`` turns the fast paths off.
+    ``handler_type`` is the class of the handlers that kina_push_handler
+    pushes (kina_fx.ffi_effects.CHandler), ``clause_type`` that of their
+    ``fun`` clauses (CClause); ``answer_to_int64(effect, value)`` converts a
+    Python answer for C, ``report_error(exc)`` sets kina_last_error and
+    returns the status.  Returns what the fast paths must be told about, which
+    the caller keeps up to date: every host fiber handle (``note(handle,
+    stepper)``, ``forget(handle)``, ``forget_all()``) and every C handler
+    (``describe_c_handler(handler, fn_address, ctx_address, effect_ids)``).
+    Returns None (changing nothing) when the compiled perform is not the one
+    in use: every call then takes the Python path.  ``bind_c_abi(None)`` turns
+    the fast paths off.
     """
     if perform is _perform_py:
         return None
@@ -902,7 +905,7 @@ def bind_c_abi(clause_type, answer_to_int64, report_error):
         if clause_type is None:
             _speedups._bind_c_abi(None)
             return None
-        _speedups._bind_c_abi(clause_type, Effect._by_id, answer_to_int64, report_error)
+        _speedups._bind_c_abi(clause_type, handler_type, Effect._by_id, answer_to_int64, report_error)
     except (TypeError, AttributeError):      # a stale build: the Python path still works
         return None
     return _fiber_handle_mirror
@@ -932,11 +935,12 @@ if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
                                  tailcalls.names_function)
             _speedups._bind_forward(FORWARD)
             _speedups._bind_abort(_abort_unless_kept)
-            _resume_c, _del_c = _speedups._bind_round_trip(
+            _resume_c = _speedups._bind_round_trip(
                 Chain, Continuation, GreenletExit, fibers.Unwind, fibers._begin_unwind_here,
                 fibers.switch_into, _resume_py, PERFORMED, RETURNED, RAISED, fibers.unwind)
             _fiber_handle_mirror = _speedups._bind_steppers(Stepper, _Catch, _SUSPEND_TO_HOST,
                                                             Cancelled)
+            _speedups._bind_drive(_drive_compiled, _drive_on_fresh_stack, _HOP_DEPTH)
         except (TypeError, AttributeError) as exc:   # a stale build: rebuild it
             import warnings
             warnings.warn(f"kina_fx._speedups does not fit this kina_fx ({exc}); "
@@ -946,7 +950,7 @@ if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
             _returns_straight_to_driver = _speedups._returns_straight_to_driver
             _switch_into = _speedups.switch_into
             Continuation.resume = _resume_c
-            Continuation.__del__ = _del_c
+            del Continuation.__del__     # ContinuationData's C finalizer does it
             _drive_c = _speedups.drive
             _drive = _drive_compiled
             _DRIVE_CODE = _drive_compiled.__code__

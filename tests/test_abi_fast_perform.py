@@ -47,7 +47,7 @@ def mode(request, kina):
         assert ffi_effects._bind_fast_path()
         yield "fast"
     else:
-        handlers.bind_c_abi(None, None, None)
+        handlers.bind_c_abi(None)
         try:
             yield "slow"
         finally:
@@ -642,3 +642,109 @@ def test_host_fiber_handles_of_another_thread(mode, host):
         assert status == Status.VALIDATION and "another OS thread" in error
     assert host.resume(f, 3) == (0, FIBER_DONE) and host.result(f) == (0, 3)
     assert host.lib.kina_fiber_destroy(f) == 0
+
+
+# --- C handlers called without the GIL (speedups_nogil.c): the skip marker --------------
+#
+# A C handler found by kina_perform's search without the GIL runs under a
+# marker that is a C record until Python code of kina_fx runs on the thread;
+# then it is a real _Skip, where it would have been.  These handlers are
+# Python callbacks, so they can look at the stack and call Python directly.
+
+def test_a_c_handler_sees_its_marker_once_python_runs(mode, c):
+    seen = []
+
+    def fn(effect, args):
+        stack = fibers.current().stack
+        seen.append(len(stack))                  # no kina call yet: maybe a record only
+        assert perform(F) == "outer f"           # Python perform: the marker is in place
+        seen.append([type(e).__name__ for e in stack])
+        return HANDLED, 5
+    with Handler(fun={F: lambda: "outer f"}):
+        h = c.push(fn, E)
+        try:
+            assert c.perform(E) == (0, 5)
+            assert c.perform(E) == (0, 5)
+        finally:
+            c.pop(h)
+        assert len(fibers.current().stack) == 1
+    assert seen[1] == ["Handler", "CHandler", "_Skip"] and seen[3] == seen[1]
+
+
+def test_python_perform_in_a_c_handler_skips_that_handler(mode, c):
+    def fn(effect, args):
+        try:
+            perform(E)
+        except Exception as exc:             # nothing outside: Unhandled, not re-entry
+            return HANDLED, 100 + len(type(exc).__name__)
+        return HANDLED, 0
+    h = c.push(fn, E)
+    try:
+        assert c.perform(E) == (0, 100 + len("Unhandled"))
+    finally:
+        c.pop(h)
+
+
+def test_a_python_handler_pushed_by_a_c_handler_comes_first(mode, c):
+    # Pushed (without a kina call) above the handler's marker, then a kina_perform.
+    def fn(effect, args):
+        with Handler(fun={F: lambda: 7}):
+            status, value = c.perform(F)
+        return HANDLED, value * 10 + status
+    outer = c.push(lambda effect, args: (HANDLED, 1), F)
+    h = c.push(fn, E)
+    try:
+        assert c.perform(E) == (0, 70)
+    finally:
+        c.pop(h)
+        c.pop(outer)
+
+
+def test_a_c_handler_that_switches_fibers(mode, c):
+    # The handler runs a Python handler with a control clause: its marker is
+    # put in place before the switch, and the nested performs (from C, in the
+    # other fiber) search without the GIL again.
+    G = Effect("fast.switching")
+    inner = c.push(lambda effect, args: (HANDLED, args[0] + 1), F)
+
+    def body():
+        return c.perform(F, perform(G, 2))[1]
+
+    def fn(effect, args):
+        return HANDLED, Handler(on={G: lambda k, x: k.resume(x * 10)}).run(body)
+    h = c.push(fn, E)
+    try:
+        for _ in range(3):
+            assert c.perform(E) == (0, 21)
+    finally:
+        c.pop(h)
+        c.pop(inner)
+
+
+def test_a_c_handler_of_many_effects(mode, c):
+    # More effects than the search without the GIL keeps (8): found with it.
+    many = [Effect(f"fast.many{i}") for i in range(12)] + [E]
+    h = c.push(lambda effect, args: (HANDLED, effect), *many)
+    try:
+        assert c.perform(E) == (0, E.id)
+        assert c.perform(many[3]) == (0, many[3].id)
+    finally:
+        c.pop(h)
+
+
+def test_forwarding_chain_with_suspend_at_the_end(mode, c):
+    log = []
+
+    def body():
+        outer = c.push(lambda effect, args: (log.append("outer"), (SUSPEND, None))[1], E)
+        fwd = [c.push(lambda effect, args: (log.append("fwd"), (FORWARD, None))[1], E) for _ in range(5)]
+        try:
+            return c.perform(E, 3)
+        finally:
+            for h in reversed(fwd):
+                c.pop(h)
+            c.pop(outer)
+    s = Stepper(body, catch=[OTHER])
+    assert s.step() == "suspended" and (s.effect, s.args) == (E, (3,))
+    assert s.step(9) == "done" and s.result == (0, 9)
+    assert log == ["fwd"] * 5 + ["outer"]

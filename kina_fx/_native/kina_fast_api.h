@@ -19,7 +19,7 @@
 
 #include <stdint.h>
 
-#define KINA_FAST_API_VERSION 2
+#define KINA_FAST_API_VERSION 3
 #define KINA_FAST_DECLINED 0
 #define KINA_FAST_DONE 1
 
@@ -33,6 +33,9 @@ typedef struct {
                             int32_t *status);
     int (*fiber_state)(uint64_t fiber, int32_t *out_state, int32_t *status);
     int (*fiber_result)(uint64_t fiber, int64_t *out_value, int32_t *status);
+    /* Called by every export before its extern "Python" path: a C handler
+     * called without the GIL may be calling back (speedups_nogil.c). */
+    void (*prepare)(void);
 } kina_fast_api;
 
 #endif /* KINA_FAST_API_H */

@@ -264,22 +264,6 @@ static int32_t kina__check_recursion_headroom(void)
 
 /* ---- the exports ----------------------------------------------------------- */
 
-#define KINA_DEFINE_EXPORT(name, pyname, params, args) \
-    static int32_t pyname params;                        \
-    KINA_API int32_t name params                         \
-    {                                                    \
-        int32_t status_ = kina__ensure_python();         \
-        if (status_ == KINA_STATUS_SUCCESS)              \
-            status_ = kina__check_recursion_headroom();  \
-        if (status_ != KINA_STATUS_SUCCESS)              \
-            return status_;                              \
-        return pyname args;                              \
-    }
-
-KINA_EXPORTS(KINA_DEFINE_EXPORT)
-KINA_RUNTIME_OP_EXPORTS(KINA_DEFINE_EXPORT)
-KINA_TAPE_EXPORTS(KINA_DEFINE_EXPORT)
-KINA_EFFECT_EXPORTS(KINA_DEFINE_EXPORT)
 
 /* ---- C fast paths ---------------------------------------------------------- */
 
@@ -361,6 +345,34 @@ static int kina__fast_kina_fiber_result(kina_fiber_t fiber, int64_t *out_value, 
     KINA__FAST_PATH(kina_fiber_result, fiber_result(fiber, out_value, status))
 }
 
+/* Before an extern "Python" callback: a C handler that the fast paths called
+ * without the GIL may be calling back; its skip marker must be in place
+ * before Python code looks at the handler stack (speedups_nogil.c). */
+static inline void kina__before_python(void)
+{
+    const kina_fast_api *api = kina__fast();
+    if (api != NULL)
+        api->prepare();
+}
+
+#define KINA_DEFINE_EXPORT(name, pyname, params, args) \
+    static int32_t pyname params;                        \
+    KINA_API int32_t name params                         \
+    {                                                    \
+        int32_t status_ = kina__ensure_python();         \
+        if (status_ == KINA_STATUS_SUCCESS)              \
+            status_ = kina__check_recursion_headroom();  \
+        if (status_ != KINA_STATUS_SUCCESS)              \
+            return status_;                              \
+        kina__before_python();                           \
+        return pyname args;                              \
+    }
+
+KINA_EXPORTS(KINA_DEFINE_EXPORT)
+KINA_RUNTIME_OP_EXPORTS(KINA_DEFINE_EXPORT)
+KINA_TAPE_EXPORTS(KINA_DEFINE_EXPORT)
+KINA_EFFECT_EXPORTS(KINA_DEFINE_EXPORT)
+
 #define KINA_DEFINE_FAST_EXPORT(name, pyname, params, args)          \
     static int32_t pyname params;                                    \
     KINA_API int32_t name params                                     \
@@ -372,6 +384,7 @@ static int kina__fast_kina_fiber_result(kina_fiber_t fiber, int64_t *out_value, 
             return status_;                                          \
         if (kina__fast_##name(KINA__ARGS_AND_STATUS args, &status_)) \
             return status_;                                          \
+        kina__before_python();                                       \
         return pyname args;                                          \
     }
 #define KINA__ARGS_AND_STATUS(...) __VA_ARGS__

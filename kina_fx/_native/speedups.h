@@ -33,6 +33,10 @@
 
 #pragma GCC visibility push(hidden)
 
+/* Thread-local data of this extension: the initial-exec model (no
+ * __tls_get_addr call per access; a few bytes of the static TLS block). */
+#define KFX_TLS __thread __attribute__((tls_model("initial-exec")))
+
 /* ---- the protocol's data (speedups_types.c) ---------------------------------- *
  * Field order matters: a type's PyObject * fields follow the head (and its
  * base's fields) without gaps; the weak reference list, if any, comes last. */
@@ -41,6 +45,7 @@ typedef struct {
     PyObject_HEAD
     PyObject *stack, *handler, *shallow, *parent, *thread, *job, *glet, *unwinder;
     PyObject *weakreflist;
+    int performs;                       /* kina_performs nested on this fiber's stack */
 } KFiber;
 
 typedef struct {
@@ -62,6 +67,8 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     PyObject *fiber, *index;
+    Py_ssize_t index_c;                 /* ``index`` as a C value (-2: not an index)  */
+    int index_is_c;                     /* ``index`` unset: made from index_c on read */
 } KSkip;
 
 typedef struct {
@@ -92,13 +99,36 @@ typedef struct {
     int64_t thread_serial;              /* ``thread`` as a C value (0: none) */
 } KStepper;
 
+/* ffi_effects.CHandler: a C handler on a handler stack.  The C-only part is
+ * what the search without the GIL reads (speedups_nogil.c): set once by
+ * describe_c_handler, never changed. */
+#define KFX_HANDLER_EFFECTS 8
+
+typedef struct {
+    KHandler handler;
+    PyObject *thread;
+    PyObject *weakreflist;
+    int c_ready;                        /* the fields below are set             */
+    int32_t neffects;
+    int32_t effects[KFX_HANDLER_EFFECTS];
+    void *fn, *ctx;
+} KCHandler;
+
 /* handlers._Catch: which effects suspend a Stepper's fiber. */
 typedef struct {
     PyObject_HEAD
     PyObject *effects;
 } KCatch;
 
-extern __thread int64_t kfx_thread_serial;
+/* This thread's fibers.ThreadState (borrowed; its dealloc clears these), its
+ * token, and its running fiber (borrowed from ThreadState.current): what the
+ * paths without the GIL start from.  Set by the fields' setters, on the
+ * thread that owns the ThreadState (the only one that writes them). */
+extern KFX_TLS PyObject *kfx_thread_state;
+extern KFX_TLS int64_t kfx_thread_serial;
+extern KFX_TLS KFiber *kfx_current;
+/* st.current = fiber (fiber borrowed), keeping kfx_current in step. */
+void kfx_set_current(PyObject *st, PyObject *fiber);
 
 /* ffi_effects.CClause: the fun clause of a C handler. */
 typedef struct {
@@ -107,7 +137,8 @@ typedef struct {
 } KCClause;
 
 extern PyTypeObject KFiber_Type, KThreadState_Type, KChain_Type, KContinuation_Type, KSkip_Type,
-                    KTailResume_Type, KHandler_Type, KStepper_Type, KCatch_Type, KCClause_Type;
+                    KTailResume_Type, KHandler_Type, KStepper_Type, KCatch_Type, KCClause_Type,
+                    KCHandler_Type;
 void kfx_data_dealloc(PyObject *self);
 int kfx_add_data_types(PyObject *module);
 
@@ -117,6 +148,7 @@ extern PyObject *g_local;          /* fibers.local (a threading.local)          
 extern PyTypeObject *g_fiber_t;    /* fibers.Fiber                              */
 extern PyTypeObject *g_tstate_t;   /* fibers.ThreadState                        */
 extern PyTypeObject *g_skip_t;     /* handlers._Skip                            */
+extern PyTypeObject *g_handler_t;  /* handlers.Handler                          */
 extern PyTypeObject *g_tail_t;     /* handlers._TailResume                      */
 extern PyObject *g_handler_fun;    /* Handler.__dict__["fun"] (member descr)    */
 extern PyObject *g_handler_on;     /* Handler.__dict__["on"]                    */
@@ -181,13 +213,17 @@ get_slot(PyObject *obj, PyTypeObject *type, Py_ssize_t off, PyObject *name)
     return PyObject_GetAttr(obj, name);
 }
 
-/* handler.fun / handler.on (new reference), by offset when the entry's type
- * resolves the name to Handler's own member descriptor. */
+/* Does ``tp`` resolve ``name`` to ``descr`` (HandlerData's own field) with the
+ * generic getattr?  Remembered per type while the type is unchanged (its
+ * version tag), since every perform asks it of every handler it passes. */
+int kfx_type_keeps_field(PyTypeObject *tp, PyObject *name, PyObject *descr);
+
+/* handler.fun / handler.on (new reference), as a field when the entry's type
+ * resolves the name to HandlerData's own member descriptor. */
 static inline PyObject *
 get_handler_attr(PyObject *h, PyObject *descr, Py_ssize_t off, PyObject *name)
 {
-    PyTypeObject *tp = Py_TYPE(h);
-    if (tp->tp_getattro == PyObject_GenericGetAttr && _PyType_Lookup(tp, name) == descr) {
+    if (kfx_type_keeps_field(Py_TYPE(h), name, descr)) {
         PyObject *v = SLOT(h, off);
         if (v != NULL)
             return Py_NewRef(v);
@@ -218,9 +254,10 @@ exc_save(void)
 }
 
 static inline void
-exc_restore(PyObject *exc)
+exc_restore(PyObject *exc)          /* NULL: nothing to restore (as 3.12's) */
 {
-    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc, PyException_GetTraceback(exc));
+    if (exc != NULL)
+        PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc, PyException_GetTraceback(exc));
 }
 #endif
 
@@ -253,6 +290,42 @@ int kina_fast_perform(int32_t effect_id, const int64_t *c_args, int32_t nargs, i
  * kina_fx.ffi's onerror hook); clears it. */
 int32_t kfx_report_exception(void);
 extern PyTypeObject *g_cclause_t;  /* ffi_effects.CClause (NULL: the C ABI fast paths are off) */
+extern KFX_TLS PyObject *kfx_hint_effect;
+extern KFX_TLS int32_t kfx_hint_effect_id;
+
+/* ---- speedups_nogil.c ------------------------------------------------------------ */
+
+/* Where kfx_nogil_perform stopped, for the rest of the perform with the GIL. */
+typedef struct {
+    int called;                     /* a C handler ran (then nothing declines)    */
+    int outcome;                    /* the handler at (f, i) returned rc / answer */
+    int32_t rc;
+    int64_t answer;
+    uint64_t token;                 /* its marker                                  */
+    KFiber *f;                      /* where the search goes on (borrowed)        */
+    Py_ssize_t i;
+    int64_t args[KFX_MAX_ARGS];     /* the arguments, read once (zero past nargs) */
+} kfx_nogil_state;
+
+#define KFX_NEED_GIL 2              /* go on with the GIL from ns                  */
+#define KFX_NEED_GIL_POP 3          /* the same, the handler's marker to remove first */
+
+extern PyTypeObject *g_chandler_t;
+/* No GIL: KINA_FAST_DONE, KINA_FAST_DECLINED (nothing done) or KFX_NEED_GIL*. */
+int kfx_nogil_perform(int32_t effect, const int64_t *args, int32_t nargs, int64_t *out,
+                      int32_t *status, kfx_nogil_state *ns);
+/* With the GIL: the pending skip markers become _Skip objects (0 / -1). */
+int kfx_materialize(void);
+int kfx_pop_materialized(uint64_t token);
+/* No GIL: takes it to materialize, when there is anything to. */
+void kfx_prepare_for_python(void);
+PyObject *kfx_describe_c_handler(PyObject *args);
+
+/* speedups_c_abi.c: the rest of a perform after kfx_nogil_perform, with the GIL. */
+int kfx_perform_after_nogil(int32_t effect_id, int32_t nargs, int64_t *out, int32_t *status,
+                            int *errno_out, const kfx_nogil_state *ns, int pop_only);
+/* speedups_perform.c: ``h.fun.get(effect)`` (1 with *clause, 0, -1). */
+int kfx_find_fun(PyObject *h, PyObject *effect, PyObject **clause);
 
 /* ---- speedups_c_fibers.c --------------------------------------------------------- */
 
@@ -271,6 +344,11 @@ extern PyMethodDef kfx_tail_methods[];
 
 PyObject *rt_suspend(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, PyObject *h);
 PyObject *rt_switch_into(PyObject *chain, PyObject *send);
+PyObject *kfx_switch_into_stealing(PyObject *chain, PyObject *send);
+void kfx_release_chain(PyObject *chain);
+PyObject *kfx_tuple(Py_ssize_t n, PyObject *a, PyObject *b, PyObject *c);
+void kfx_release_tuple(PyObject *t);
+void kfx_continuation_finalize(PyObject *self);
 extern PyTypeObject *g_chain_t, *g_cont_t;
 extern PyObject *g_performed, *g_returned, *g_raised;
 extern PyMethodDef kfx_round_trip_methods[];

@@ -51,7 +51,13 @@
 typedef int32_t (*c_handler_fn)(void *ctx, int32_t effect, const int64_t *args,
                                 int32_t nargs, int64_t *out_value);
 
-PyTypeObject *g_cclause_t;  /* ffi_effects.CClause                       */
+PyTypeObject *g_cclause_t;
+
+/* The effect (an interned handlers.Effect) and id of this thread's last
+ * kina_perform that suspended: c_step (speedups_c_fibers.c) reads the id
+ * from here instead of ``effect.id`` when it is that effect. */
+KFX_TLS PyObject *kfx_hint_effect;
+KFX_TLS int32_t kfx_hint_effect_id;
 static PyObject *g_effects_by_id;  /* handlers.Effect._by_id                    */
 static PyObject *g_answer_fn;      /* ffi_effects._answer_to_int64              */
 static PyObject *g_report_fn;      /* ffi_effects._report_error                 */
@@ -151,11 +157,100 @@ fast_finish(PyObject *effect, PyObject *result, int64_t *out, int32_t *status)
     return KINA_FAST_DONE;
 }
 
-static int fast_perform(PyObject *effect, const int64_t *args, int32_t nargs, int64_t *out,
-                        int32_t *status, int *errno_out);
+static int perform_loop(PyObject *st, PyObject *f, Py_ssize_t i, PyObject *effect, int32_t effect_id,
+                        const int64_t *args, int32_t n, int64_t *out, int32_t *status,
+                        int *errno_out, int called);
 
-/* int kina_fast_perform(effect_id, args, nargs, out, status): see above.  The
- * caller holds the GIL. */
+/* What is left of a C handler's call once it returned rc / answer: the
+ * clause's own code for rc other than HANDLED and FORWARD (CClause._outcome,
+ * inside the marker), then the marker off (``skip``, pushed by perform_loop,
+ * or the materialized marker ``token`` of speedups_nogil.c), as
+ * CClause.__call__ and handlers._run_fun_clause do.  KINA_FAST_DONE with
+ * *status set, or 0 with *go_on: the handler declined (search on below it). */
+static int
+after_c_call(PyObject *st, PyObject *clause, PyObject *skip, uint64_t token, int32_t rc,
+             int64_t answer, const int64_t *args, int32_t n, PyObject *effect, int64_t *out,
+             int32_t *status, int *go_on)
+{
+    PyObject *result = NULL;
+    if (rc != C_HANDLED && rc != C_FORWARD) {
+        /* Inside the clause, as CClause.__call__: _outcome(rc, answer, args). */
+        PyObject *t = PyTuple_New(n);
+        if (t != NULL && box_args(args, n, &PyTuple_GET_ITEM(t, 0)) < 0)
+            Py_CLEAR(t);
+        PyObject *o_rc = t == NULL ? NULL : PyLong_FromLong(rc);
+        PyObject *o_answer = o_rc == NULL ? NULL : PyLong_FromLongLong(answer);
+        if (o_answer != NULL && clause == NULL)
+            PyErr_SetString(PyExc_SystemError, "kina_fx: a C handler lost its clause");
+        else if (o_answer != NULL) {
+            PyObject *call[4] = {clause, o_rc, o_answer, t};
+            result = PyObject_VectorcallMethod(s_outcome, call, 4, NULL);
+        }
+        Py_XDECREF(o_answer);
+        Py_XDECREF(o_rc);
+        Py_XDECREF(t);
+    }
+    /* finally: the marker comes off (handlers._remove_marker) */
+    PyObject *pending = (rc != C_HANDLED && rc != C_FORWARD && result == NULL) ? exc_save() : NULL;
+    int popped_ok;
+    if (skip != NULL) {
+        PyObject *popped = pop_marker(st, skip);
+        popped_ok = popped != NULL;
+        Py_XDECREF(popped);          /* ``skip`` (ours) or None: still alive */
+        release_entry(skip);         /* back to the cache unless someone kept it */
+    }
+    else
+        popped_ok = kfx_pop_materialized(token) == 0;
+    if (!popped_ok) {
+        Py_XDECREF(result);
+        if (pending != NULL) {
+            PyObject *exc = exc_save();
+            if (exc != NULL) {
+                PyException_SetContext(exc, pending);
+                exc_restore(exc);
+            }
+            else
+                exc_restore(pending);
+        }
+        *status = kfx_report_exception();
+        return KINA_FAST_DONE;
+    }
+    if (pending != NULL) {           /* the clause raised */
+        exc_restore(pending);
+        *status = kfx_report_exception();
+        return KINA_FAST_DONE;
+    }
+    if (rc == C_HANDLED) {
+        *out = answer;
+        *status = 0;
+        return KINA_FAST_DONE;
+    }
+    if (rc != C_FORWARD && result != g_forward)
+        return fast_finish(effect, result, out, status);
+    Py_XDECREF(result);
+    *go_on = 1;
+    return 0;
+}
+
+/* The entry below (f, i) (f owned, replaced): 1, 0 at the end of the chain
+ * (f is None), -1 on error. */
+static int
+below(PyObject **f, Py_ssize_t *i)
+{
+    *i -= 1;
+    if (*i >= -1)
+        return 1;
+    Py_SETREF(*f, get_slot(*f, g_fiber_t, off_parent, s_parent));
+    if (*f == NULL)
+        return -1;
+    if (*f == Py_None)
+        return 0;
+    return top_index(*f, i) < 0 ? -1 : 1;
+}
+
+/* int kina_fast_perform(effect_id, args, nargs, out, status, errno_out): see
+ * above; the search from the top of the running fiber's stack.  The caller
+ * holds the GIL. */
 int
 kina_fast_perform(int32_t effect_id, const int64_t *c_args, int32_t nargs, int64_t *out,
                   int32_t *status, int *errno_out)
@@ -179,42 +274,132 @@ kina_fast_perform(int32_t effect_id, const int64_t *c_args, int32_t nargs, int64
         return KINA_FAST_DECLINED;
     }
     Py_INCREF(effect);
-    int done = fast_perform(effect, args, nargs, out, status, errno_out);
+    int done = KINA_FAST_DECLINED;
+    PyObject *st = thread_state();
+    PyObject *f = st == NULL ? NULL : get_slot(st, g_tstate_t, off_current, s_current);
+    Py_ssize_t i = 0;
+    if (f != NULL && top_index(f, &i) == 0)
+        done = perform_loop(st, f, i, effect, effect_id, args, nargs, out, status, errno_out, 0);
+    else {
+        PyErr_Clear();
+        Py_XDECREF(f);
+        Py_XDECREF(st);
+    }
     Py_DECREF(effect);
     Py_LeaveRecursiveCall();
     return done;
 }
 
-static int
-fast_perform(PyObject *effect, const int64_t *args, int32_t nargs, int64_t *out, int32_t *status,
-             int *errno_out)
+/* kina_perform with the GIL where speedups_nogil.c stopped (ns): the rest of
+ * the call of the C handler it called (its outcome with ``outcome``, its
+ * materialized marker off with ``pop_only``), and / or the search on from
+ * (ns->f, ns->i).  The caller holds the GIL and has materialized the pending
+ * markers.  Once a C handler ran (ns->called) nothing declines any more. */
+int
+kfx_perform_after_nogil(int32_t effect_id, int32_t nargs, int64_t *out, int32_t *status,
+                        int *errno_out, const kfx_nogil_state *ns, int pop_only)
 {
+    if (!PyList_CheckExact(g_effects_by_id) || effect_id <= 0
+            || effect_id >= PyList_GET_SIZE(g_effects_by_id)) {
+        PyErr_SetString(PyExc_SystemError, "kina_fx: bad effect id after the search without the GIL");
+        goto not_run;
+    }
+    PyObject *effect = PyList_GET_ITEM(g_effects_by_id, effect_id);
+    if (effect == Py_None) {             /* (only if nothing ran: no handler has this id) */
+        PyErr_SetString(PyExc_SystemError, "kina_fx: no effect with that id");
+        goto not_run;
+    }
     Py_INCREF(effect);
-
-    PyObject *box[FAST_MAX_ARGS];
-    PyObject *clause = NULL, *result;
-    int called = 0;                      /* a C handler ran: no declining any more */
-    int32_t n = nargs;
-    Py_ssize_t i = 0;
-    PyObject *st = thread_state();
-    if (st == NULL) {
-        PyErr_Clear();
+    if (Py_EnterRecursiveCall(" in kina_perform")) {
         Py_DECREF(effect);
+        goto not_run;
+    }
+    int done;
+    PyObject *st = thread_state();
+    PyObject *f = Py_NewRef((PyObject *)ns->f);
+    Py_ssize_t i = ns->i;
+    if (st == NULL) {
+        Py_DECREF(f);
+        *status = kfx_report_exception();
+        done = KINA_FAST_DONE;
+        goto out;
+    }
+    if (ns->outcome || pop_only) {
+        /* the C handler at (f, i) ran: finish its call here */
+        PyObject *clause = NULL;
+        if (ns->outcome) {
+            PyObject *stack = ((KFiber *)f)->stack;
+            PyObject *entry = stack != NULL && PyList_CheckExact(stack) && i >= 0 && i < PyList_GET_SIZE(stack)
+                              ? PyList_GET_ITEM(stack, i) : NULL;
+            if (entry != NULL && kfx_find_fun(entry, effect, &clause) <= 0)
+                clause = NULL;
+            PyErr_Clear();
+        }
+        int go_on = 0;
+        done = after_c_call(st, clause, NULL, ns->token, ns->rc, ns->answer, ns->args, nargs, effect,
+                            out, status, &go_on);
+        Py_XDECREF(clause);
+        if (!go_on) {
+            Py_DECREF(f);
+            Py_DECREF(st);
+            goto out;
+        }
+        int r = below(&f, &i);
+        if (r <= 0) {
+            PyObject *box[FAST_MAX_ARGS];
+            PyObject *result = NULL;
+            Py_DECREF(st);
+            if (r == 0 && box_args(ns->args, nargs, box) == 0) {
+                result = unhandled(effect, box, nargs);
+                unbox_args(box, nargs);
+            }
+            Py_XDECREF(f);
+            done = fast_finish(effect, result, out, status);
+            goto out;
+        }
+    }
+    done = perform_loop(st, f, i, effect, effect_id, ns->args, nargs, out, status, errno_out,
+                        ns->called);
+out:
+    Py_DECREF(effect);
+    Py_LeaveRecursiveCall();
+    return done;
+
+not_run:
+    if (!ns->called) {                   /* nothing ran: the Python path does it all */
+        PyErr_Clear();
         return KINA_FAST_DECLINED;
     }
-    PyObject *f = get_slot(st, g_tstate_t, off_current, s_current);
-    if (f == NULL || top_index(f, &i) < 0)
-        goto error;
+    *status = kfx_report_exception();
+    return KINA_FAST_DONE;
+}
 
+/* The search and the C handler calls from (f, i) (steals st and f).  With
+ * ``called`` (a C handler already ran) it never declines. */
+static int
+perform_loop(PyObject *st, PyObject *f, Py_ssize_t i, PyObject *effect, int32_t effect_id,
+             const int64_t *args, int32_t n, int64_t *out, int32_t *status, int *errno_out,
+             int called)
+{
+    PyObject *box[FAST_MAX_ARGS];
+    PyObject *clause = NULL, *result;
     for (;;) {
         PyObject *h = NULL;
         int found = find_clause(&f, &i, effect, &clause, &h);
         if (found < 0)
             goto error;
-        if (found == FOUND_ON) {         /* an ``on`` clause: suspend, here */
-            Py_DECREF(h);
-            called = 1;
-            goto general;
+        if (found == FOUND_ON) {         /* an ``on`` clause: suspend, here (perform_at) */
+            if (box_args(args, n, box) < 0) {
+                Py_DECREF(h);
+                called = 1;
+                goto error;
+            }
+            Py_DECREF(st);
+            kfx_hint_effect = effect;    /* what c_step will want to know */
+            kfx_hint_effect_id = effect_id;
+            result = rt_suspend(effect, box, n, f, h);   /* steals f and h */
+            unbox_args(box, n);
+            return fast_finish(effect, result, out, status);
         }
         if (found == FOUND_NONE)         /* f is None: unhandled, the general path */
             goto general;
@@ -247,88 +432,27 @@ fast_perform(PyObject *effect, const int64_t *args, int32_t nargs, int64_t *out,
         rc = ((c_handler_fn)fn)(ctx, (int32_t)eid, buf, n, &answer);
         *errno_out = errno;              /* the host sees errno as the handler left it */
         Py_END_ALLOW_THREADS
-        result = NULL;
-        if (rc != C_HANDLED && rc != C_FORWARD) {
-            /* Inside the clause, as CClause.__call__: _outcome(rc, answer, args). */
-            PyObject *t = PyTuple_New(n);
-            if (t != NULL && box_args(args, n, &PyTuple_GET_ITEM(t, 0)) < 0)
-                Py_CLEAR(t);
-            PyObject *o_rc = t == NULL ? NULL : PyLong_FromLong(rc);
-            PyObject *o_answer = o_rc == NULL ? NULL : PyLong_FromLongLong(answer);
-            if (o_answer != NULL) {
-                PyObject *call[4] = {clause, o_rc, o_answer, t};
-                result = PyObject_VectorcallMethod(s_outcome, call, 4, NULL);
-            }
-            Py_XDECREF(o_answer);
-            Py_XDECREF(o_rc);
-            Py_XDECREF(t);
-        }
+        int go_on = 0;
+        int done = after_c_call(st, clause, skip, 0, rc, answer, args, n, effect, out, status, &go_on);
         Py_CLEAR(clause);
-        /* finally: the marker comes off (handlers._remove_marker) */
-        PyObject *pending = (rc != C_HANDLED && rc != C_FORWARD && result == NULL) ? exc_save() : NULL;
-        PyObject *popped = pop_marker(st, skip);
-        if (popped != NULL)
-            Py_DECREF(popped);
-        release_entry(skip);
-        if (popped == NULL) {
-            Py_XDECREF(result);
-            if (pending != NULL) {
-                PyObject *exc = exc_save();
-                if (exc != NULL) {
-                    PyException_SetContext(exc, pending);
-                    exc_restore(exc);
-                }
-                else
-                    exc_restore(pending);
-            }
-            goto error;
-        }
-        if (pending != NULL) {           /* the clause raised */
+        if (!go_on) {
             Py_DECREF(f);
             Py_DECREF(st);
-            exc_restore(pending);
-            *status = kfx_report_exception();
-            Py_DECREF(effect);
-            return KINA_FAST_DONE;
-        }
-        if (rc == C_HANDLED) {
-            Py_DECREF(f);
-            Py_DECREF(st);
-            Py_DECREF(effect);
-            *out = answer;
-            *status = 0;
-            return KINA_FAST_DONE;
-        }
-        if (rc != C_FORWARD && result != g_forward) {
-            Py_DECREF(f);
-            Py_DECREF(st);
-            int done = fast_finish(effect, result, out, status);
-            Py_DECREF(effect);
             return done;
         }
-        Py_XDECREF(result);
         /* Declined: go on with the handlers below its own. */
-        i -= 1;
-        if (i < -1) {
-            Py_SETREF(f, get_slot(f, g_fiber_t, off_parent, s_parent));
-            if (f == NULL)
-                goto error;
-            if (f == Py_None)
-                goto general;
-            if (top_index(f, &i) < 0)
-                goto error;
-        }
+        int r = below(&f, &i);
+        if (r < 0)
+            goto error;
+        if (r == 0)
+            goto general;
     }
 
 general:
-    /* Something only perform_at does, from (f, i): the Python path if nothing
-     * ran yet, else here (a C handler forwarded to it). */
-    if (!called) {
-        Py_DECREF(f);
-        Py_DECREF(st);
-        Py_DECREF(effect);
-        return KINA_FAST_DECLINED;
-    }
+    /* A Python clause, or nothing handles it: what perform_at does, from
+     * (f, i), as handlers.perform does for kina_py_perform (the arguments were
+     * validated as it validates them, the answer converts as it converts). */
+    called = 1;
     if (box_args(args, n, box) < 0)
         goto error;
     if (f == Py_None) {
@@ -339,11 +463,7 @@ general:
     else
         result = perform_at(st, f, i, effect, box, n);   /* steals st and f */
     unbox_args(box, n);
-    {
-        int done = fast_finish(effect, result, out, status);
-        Py_DECREF(effect);
-        return done;
-    }
+    return fast_finish(effect, result, out, status);
 
 error:
     /* An exception while searching: the Python path meets it again and
@@ -353,16 +473,14 @@ error:
     Py_DECREF(st);
     if (!called) {
         PyErr_Clear();
-        Py_DECREF(effect);
         return KINA_FAST_DECLINED;
     }
     *status = kfx_report_exception();
-    Py_DECREF(effect);
     return KINA_FAST_DONE;
 }
 
 PyDoc_STRVAR(bind_c_abi_doc,
-"_bind_c_abi(CClause, effects_by_id, answer_to_int64, report_error)\n--\n\n"
+"_bind_c_abi(CClause, CHandler, effects_by_id, answer_to_int64, report_error)\n--\n\n"
 "Called by kina_fx.ffi_effects: enables kina_fast_perform (the C fast path of\n"
 "libkina_fx.so's kina_perform for C handlers); _bind_c_abi(None) disables it.");
 
@@ -371,13 +489,16 @@ bind_c_abi(PyObject *Py_UNUSED(module), PyObject *args)
 {
     PyObject *cclause_t, *by_id = NULL, *answer_fn = NULL, *report_fn = NULL;
     if (PyTuple_GET_SIZE(args) == 1 && PyTuple_GET_ITEM(args, 0) == Py_None) {
-        Py_CLEAR(g_cclause_t);           /* _bind_c_abi(None): the fast path is off */
+        Py_CLEAR(g_cclause_t);           /* _bind_c_abi(None): the fast paths are off */
+        Py_CLEAR(g_chandler_t);
         Py_RETURN_NONE;
     }
-    if (!PyArg_ParseTuple(args, "OO!OO:_bind_c_abi", &cclause_t, &PyList_Type, &by_id,
+    PyObject *chandler_t;
+    if (!PyArg_ParseTuple(args, "OOO!OO:_bind_c_abi", &cclause_t, &chandler_t, &PyList_Type, &by_id,
                           &answer_fn, &report_fn))
         return NULL;
-    if (check_data_type(cclause_t, &KCClause_Type, "CClause"))
+    if (check_data_type(cclause_t, &KCClause_Type, "CClause")
+            || check_data_type(chandler_t, &KCHandler_Type, "CHandler"))
         return NULL;
     if (!PyCallable_Check(answer_fn) || !PyCallable_Check(report_fn)) {
         PyErr_SetString(PyExc_TypeError, "_bind_c_abi: answer_to_int64 and report_error must be callable");
@@ -386,6 +507,7 @@ bind_c_abi(PyObject *Py_UNUSED(module), PyObject *args)
     Py_XSETREF(g_effects_by_id, Py_NewRef(by_id));
     Py_XSETREF(g_answer_fn, Py_NewRef(answer_fn));
     Py_XSETREF(g_report_fn, Py_NewRef(report_fn));
+    Py_XSETREF(g_chandler_t, (PyTypeObject *)Py_NewRef(chandler_t));
     Py_XSETREF(g_cclause_t, (PyTypeObject *)Py_NewRef(cclause_t));
     Py_RETURN_NONE;
 }

@@ -163,20 +163,30 @@ mirror_forget_all(PyObject *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+static PyObject *
+mirror_describe(PyObject *self, PyObject *args)
+{
+    return kfx_describe_c_handler(args);
+}
+
 static PyMethodDef mirror_methods[] = {
     {"note", (PyCFunction)(void (*)(void))mirror_note, METH_FASTCALL,
      "note(handle, stepper): the C fast paths may find ``stepper`` by ``handle``."},
     {"forget", mirror_forget, METH_O, "forget(handle): the handle was removed."},
     {"forget_all", mirror_forget_all, METH_NOARGS, "forget_all(): every handle was removed."},
+    {"describe_c_handler", mirror_describe, METH_VARARGS,
+     "describe_c_handler(handler, fn_address, ctx_address, effect_ids): what a C handler\n"
+     "calls, for kina_perform's search without the GIL (speedups_nogil.c)."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyTypeObject KMirror_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "kina_fx._speedups.FiberHandleMirror",
+    .tp_name = "kina_fx._speedups.FastPaths",
     .tp_basicsize = sizeof(KMirror),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Which Stepper each fiber handle is, for the C ABI's fast paths.",
+    .tp_doc = "What the C ABI's fast paths know of ffi_effects' objects: which Stepper each\n"
+              "fiber handle is, and what each C handler calls.",
     .tp_methods = mirror_methods,
 };
 
@@ -199,6 +209,8 @@ gil_enter(gil_call *g)
     g->held = PyGILState_Check();
     if (!g->held)
         PyEval_RestoreThread(g->ts);
+    if (kfx_materialize() < 0)       /* a C handler's pending markers, first */
+        PyErr_Clear();               /* (out of memory: they stay records) */
     return 1;
 }
 
@@ -222,6 +234,17 @@ set_field(PyObject **field, PyObject *value)     /* value borrowed */
     Py_XDECREF(old);
 }
 
+/* The same for Stepper.args: the tuple it held goes back to the cache if
+ * nobody else holds it. */
+static inline void
+set_args_field(PyObject **field, PyObject *value)
+{
+    PyObject *old = *field;
+    *field = Py_NewRef(value);
+    if (old != NULL)
+        kfx_release_tuple(old);
+}
+
 /* Record the C copy of what the fiber stopped in (the Stepper's fields are set). */
 static void
 cache_outcome(KStepper *s, int state)
@@ -229,11 +252,16 @@ cache_outcome(KStepper *s, int state)
     s->c_valid = 0;
     s->args_ok = s->result_ok = 0;
     if (state == ST_SUSPENDED) {
-        PyObject *id = PyObject_GetAttr(s->effect, s_id);
         int overflow = 0;
-        long long v = id != NULL && PyLong_CheckExact(id) ? PyLong_AsLongLongAndOverflow(id, &overflow) : 0;
-        Py_XDECREF(id);
-        PyErr_Clear();
+        long long v;
+        if (s->effect == kfx_hint_effect && kfx_hint_effect != NULL)
+            v = kfx_hint_effect_id;      /* a kina_perform from C suspended */
+        else {
+            PyObject *id = PyObject_GetAttr(s->effect, s_id);
+            v = id != NULL && PyLong_CheckExact(id) ? PyLong_AsLongLongAndOverflow(id, &overflow) : 0;
+            Py_XDECREF(id);
+            PyErr_Clear();
+        }
         if (overflow || v <= 0 || v > INT32_MAX)
             return;                  /* the getters decline: ffi_effects reports */
         s->effect_id = (int32_t)v;
@@ -286,7 +314,7 @@ c_step(KStepper *s, int64_t value)
         return 0;
     }
     PyObject *v = PyLong_FromLongLong(value);
-    PyObject *send = v == NULL ? NULL : PyTuple_Pack(2, Py_False, v);
+    PyObject *send = v == NULL ? NULL : kfx_tuple(2, Py_False, v, NULL);
     Py_XDECREF(v);
     if (send == NULL)
         return -1;                   /* MemoryError before anything changed */
@@ -296,19 +324,18 @@ c_step(KStepper *s, int64_t value)
     s->c_valid = 0;
     set_field(&s->state, g_states[ST_RUNNING]);
     set_field(&s->effect, Py_None);
-    set_field(&s->args, g_empty);
-    PyObject *msg = rt_switch_into(chain, send);
-    Py_DECREF(chain);
-    Py_DECREF(send);
+    set_args_field(&s->args, g_empty);
+    PyObject *msg = kfx_switch_into_stealing(chain, send);
+    kfx_release_chain(chain);
     PyObject *kind = NULL, *payload = NULL;
     if (msg != NULL) {
         if (PyTuple_CheckExact(msg) && PyTuple_GET_SIZE(msg) == 3) {
-            kind = PyTuple_GET_ITEM(msg, 0);
+            kind = PyTuple_GET_ITEM(msg, 0);   /* an interned kind: stays alive */
             payload = Py_NewRef(PyTuple_GET_ITEM(msg, 2));
         }
         else
             PyErr_Format(PyExc_TypeError, "kina_fx: bad fiber message %R", msg);
-        Py_DECREF(msg);
+        kfx_release_tuple(msg);
     }
     if (payload == NULL) {           /* except BaseException: FAILED, re-raise */
         PyObject *exc = exc_save();
@@ -334,8 +361,10 @@ c_step(KStepper *s, int64_t value)
             args = PyTuple_GET_ITEM(args, 1);
         }
         set_field(&s->effect, effect);
-        set_field(&s->args, args);
+        set_args_field(&s->args, args);
         done = ST_SUSPENDED;
+        kfx_release_tuple(payload);
+        payload = NULL;
     }
     else if (kind == g_returned) {
         set_field(&s->result, payload);
@@ -348,7 +377,7 @@ c_step(KStepper *s, int64_t value)
             PyErr_Clear();
         done = c > 0 ? ST_CANCELLED : ST_FAILED;
     }
-    Py_DECREF(payload);
+    Py_XDECREF(payload);
     set_field(&s->state, g_states[done]);
     cache_outcome(s, done);
     return 1;
@@ -454,18 +483,64 @@ fast_fiber_result(uint64_t handle, int64_t *out_value, int32_t *status)
     return KINA_FAST_DONE;
 }
 
-/* kina_perform: speedups_c_abi.c's kina_fast_perform, with the GIL. */
+/* kina_perform: the search without the GIL (speedups_nogil.c), then, if it
+ * stopped short, the rest with the GIL (speedups_c_abi.c). */
+static int fast_perform_counted(int32_t effect, const int64_t *args, int32_t nargs,
+                                int64_t *out_value, int32_t *status);
+
+/* C handlers that perform again nest C frames on the fiber's stack: past this
+ * many kina_performs nested on one fiber, kina_perform fails with status 5
+ * (a RecursionError, as Python's limit ends the cffi path), not a crash,
+ * whatever that Python's C recursion limit is. */
+#define PERFORM_DEPTH 1000
+
 static int
 fast_perform(int32_t effect, const int64_t *args, int32_t nargs, int64_t *out_value, int32_t *status)
 {
-    if (g_cclause_t == NULL)
+    KFiber *fiber = kfx_current;
+    if (g_cclause_t == NULL || fiber == NULL)
         return KINA_FAST_DECLINED;
-    gil_call g;
+    if (fiber->performs >= PERFORM_DEPTH) {
+        gil_call g;
+        if (!gil_enter(&g))
+            return KINA_FAST_DECLINED;
+        PyErr_SetString(PyExc_RecursionError, "maximum recursion depth exceeded in kina_perform");
+        *status = kfx_report_exception();
+        gil_leave(&g);
+        return KINA_FAST_DONE;
+    }
+    fiber->performs++;               /* the fiber is alive while it runs this */
+    int done = fast_perform_counted(effect, args, nargs, out_value, status);
+    fiber->performs--;
+    return done;
+}
+
+static int
+fast_perform_counted(int32_t effect, const int64_t *args, int32_t nargs, int64_t *out_value,
+                     int32_t *status)
+{
+    kfx_nogil_state ns;
+    int r = kfx_nogil_perform(effect, args, nargs, out_value, status, &ns);
+    if (r == KINA_FAST_DONE)
+        return KINA_FAST_DONE;
+    gil_call g;                      /* errno now: at entry, or as the last handler left it */
     if (!gil_enter(&g))
-        return KINA_FAST_DECLINED;
-    int done = kina_fast_perform(effect, args, nargs, out_value, status, &g.saved_errno);
+        return KINA_FAST_DECLINED;   /* (no handler ran: this thread never had Python) */
+    int done;
+    if (r == KINA_FAST_DECLINED)     /* it did not even start: from the top */
+        done = kina_fast_perform(effect, args, nargs, out_value, status, &g.saved_errno);
+    else                             /* from where it stopped */
+        done = kfx_perform_after_nogil(effect, nargs, out_value, status, &g.saved_errno, &ns,
+                                       r == KFX_NEED_GIL_POP);
     gil_leave(&g);
     return done;
+}
+
+/* Before the cffi path of an export runs Python code on this thread. */
+static void
+fast_prepare(void)
+{
+    kfx_prepare_for_python();
 }
 
 /* The exception being raised as a status, with kina_last_error set. */
@@ -483,6 +558,7 @@ const kina_fast_api kfx_fast_api = {
     fast_get_perform_args,
     fast_fiber_state,
     fast_fiber_result,
+    fast_prepare,
 };
 
 /* ---- binding ------------------------------------------------------------------- */

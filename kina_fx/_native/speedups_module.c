@@ -122,6 +122,7 @@ bind(PyObject *Py_UNUSED(module), PyObject *args)
     Py_XSETREF(g_fiber_t, (PyTypeObject *)Py_NewRef(fiber_t));
     Py_XSETREF(g_tstate_t, (PyTypeObject *)Py_NewRef(tstate_t));
     Py_XSETREF(g_skip_t, (PyTypeObject *)Py_NewRef(skip_t));
+    Py_XSETREF(g_handler_t, (PyTypeObject *)Py_NewRef(handler_t));
     Py_XSETREF(g_tail_t, (PyTypeObject *)Py_NewRef(tail_t));
     Py_XSETREF(g_handler_fun, d_fun);
     Py_XSETREF(g_handler_on, d_on);

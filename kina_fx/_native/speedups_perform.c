@@ -58,6 +58,7 @@ PyObject *g_local;
 PyTypeObject *g_fiber_t;
 PyTypeObject *g_tstate_t;
 PyTypeObject *g_skip_t;
+PyTypeObject *g_handler_t;
 PyTypeObject *g_tail_t;
 PyObject *g_handler_fun;
 PyObject *g_handler_on;
@@ -86,6 +87,54 @@ int skip_cached;
 
 /* ---- attribute access ----------------------------------------------------- */
 
+#define FIELD_CACHE 8
+static struct {
+    PyTypeObject *tp;
+    unsigned int tag;
+    PyObject *name;
+    int keeps;
+} field_cache[FIELD_CACHE];
+
+static inline int
+version_tag_valid(PyTypeObject *tp)
+{
+#ifdef Py_TPFLAGS_VALID_VERSION_TAG
+    return PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG) && tp->tp_version_tag != 0;
+#else
+    return tp->tp_version_tag != 0;
+#endif
+}
+
+int
+kfx_type_keeps_field(PyTypeObject *tp, PyObject *name, PyObject *descr)
+{
+    if (tp->tp_getattro != PyObject_GenericGetAttr)
+        return 0;
+    /* the one type that nearly every entry is: handlers.Handler, unchanged */
+    static PyTypeObject *handler_tp;
+    static unsigned int handler_tag;
+    if (tp == handler_tp && tp->tp_version_tag == handler_tag && version_tag_valid(tp))
+        return 1;
+    size_t k = (((uintptr_t)tp >> 4) ^ ((uintptr_t)name >> 4)) % FIELD_CACHE;
+    if (field_cache[k].tp == tp && field_cache[k].name == name && version_tag_valid(tp)
+            && field_cache[k].tag == tp->tp_version_tag)
+        return field_cache[k].keeps;
+    int keeps = _PyType_Lookup(tp, name) == descr;    /* assigns a version tag if it can */
+    if (keeps && tp == g_handler_t && version_tag_valid(tp)
+            && _PyType_Lookup(tp, name == s_fun ? s_on : s_fun) == (name == s_fun ? g_handler_on : g_handler_fun)) {
+        handler_tp = tp;             /* both fields are its own */
+        handler_tag = tp->tp_version_tag;
+    }
+    if (version_tag_valid(tp)) {      /* borrowed: a type freed and another made at its
+                                       * address gets a new version tag */
+        field_cache[k].tp = tp;
+        field_cache[k].tag = tp->tp_version_tag;
+        field_cache[k].name = name;
+        field_cache[k].keeps = keeps;
+    }
+    return keeps;
+}
+
 /* ``h.fun.get(effect)``: 1 and a new reference in *clause when it is not
  * None, 0 when it is, -1 on error. */
 static int
@@ -96,7 +145,14 @@ find_fun(PyObject *h, PyObject *effect, PyObject **clause)
         return -1;
     PyObject *c;
     if (PyDict_CheckExact(fun)) {
-        c = PyDict_GetItemWithError(fun, effect);
+        if (PyDict_GET_SIZE(fun) == 0) {     /* a Stepper's handler, an on-only one */
+            Py_DECREF(fun);
+            return 0;
+        }
+        /* an Effect hashes by identity: the dict lookup without the call */
+        Py_hash_t hash = Py_TYPE(effect)->tp_hash == PyBaseObject_Type.tp_hash
+                         ? _Py_HashPointer(effect) : PyObject_Hash(effect);
+        c = hash == -1 ? NULL : _PyDict_GetItem_KnownHash(fun, effect, hash);
         if (c == NULL) {
             Py_DECREF(fun);
             return PyErr_Occurred() ? -1 : 0;
@@ -117,6 +173,12 @@ find_fun(PyObject *h, PyObject *effect, PyObject **clause)
     }
     *clause = c;
     return 1;
+}
+
+int
+kfx_find_fun(PyObject *h, PyObject *effect, PyObject **clause)
+{
+    return find_fun(h, effect, clause);
 }
 
 /* ``effect in h.on``; a Stepper's handlers._Catch table is read here
@@ -150,6 +212,8 @@ in_on(PyObject *h, PyObject *effect)
 PyObject *
 thread_state(void)
 {
+    if (kfx_thread_state != NULL)    /* this thread's (speedups_types.c keeps it) */
+        return Py_NewRef(kfx_thread_state);
     PyThreadState *ts = PyThreadState_Get();
     uint64_t tid = PyThreadState_GetID(ts);
     if (tid == cached_tid && cached_state != NULL)
@@ -223,6 +287,8 @@ stack_item(PyObject *f, Py_ssize_t i)
 static PyObject *
 current_stack(PyObject *st)
 {
+    if (st == kfx_thread_state && kfx_current != NULL && kfx_current->stack != NULL)
+        return Py_NewRef(kfx_current->stack);       /* this thread's running fiber */
     PyObject *cur = get_slot(st, g_tstate_t, off_current, s_current);
     if (cur == NULL)
         return NULL;
@@ -236,21 +302,14 @@ current_stack(PyObject *st)
 PyObject *
 new_skip(PyObject *f, Py_ssize_t i)
 {
-    PyObject *index = PyLong_FromSsize_t(i);
-    if (index == NULL)
-        return NULL;
     PyObject *skip;
     if (skip_cached > 0)
         skip = skip_cache[--skip_cached];
-    else {
-        skip = g_skip_t->tp_alloc(g_skip_t, 0);
-        if (skip == NULL) {
-            Py_DECREF(index);
-            return NULL;
-        }
-    }
+    else if ((skip = g_skip_t->tp_alloc(g_skip_t, 0)) == NULL)
+        return NULL;
     SLOT(skip, off_skip_fiber) = Py_NewRef(f);
-    SLOT(skip, off_skip_index) = index;
+    ((KSkip *)skip)->index_c = i;    /* ``index`` is made from it when Python reads it */
+    ((KSkip *)skip)->index_is_c = 1;
     return skip;
 }
 
@@ -262,7 +321,14 @@ push_marker(PyObject *st, PyObject *skip)
     if (stack == NULL)
         return -1;
     int r;
-    if (PyList_CheckExact(stack))
+    Py_ssize_t n = PyList_CheckExact(stack) ? PyList_GET_SIZE(stack) : -1;
+    if (n >= 0 && ((PyListObject *)stack)->allocated > n) {
+        /* list.append without a call: there is room (pop_marker keeps it) */
+        PyList_SET_ITEM(stack, n, Py_NewRef(skip));
+        Py_SET_SIZE(stack, n + 1);
+        r = 0;
+    }
+    else if (n >= 0)
         r = PyList_Append(stack, skip);
     else {
         PyObject *v = PyObject_CallMethodOneArg(stack, s_append, skip);
@@ -338,6 +404,7 @@ release_entry(PyObject *item)
         PyObject *index = SLOT(item, off_skip_index);
         SLOT(item, off_skip_fiber) = NULL;
         SLOT(item, off_skip_index) = NULL;
+        ((KSkip *)item)->index_is_c = 0;
         skip_cache[skip_cached++] = item;
         Py_XDECREF(index);
         Py_XDECREF(fiber);       /* may run arbitrary code: the cache is consistent */
@@ -438,18 +505,26 @@ find_clause(PyObject **fp, Py_ssize_t *ip, PyObject *effect, PyObject **clause, 
                 goto out;
             if (Py_TYPE(entry) == g_skip_t) {
                 PyObject *nf = get_slot(entry, g_skip_t, off_skip_fiber, s_fiber);
-                PyObject *index = nf == NULL ? NULL : get_slot(entry, g_skip_t, off_skip_index, s_index);
-                Py_DECREF(entry);
-                if (index == NULL) {
-                    Py_XDECREF(nf);
+                if (nf == NULL) {
+                    Py_DECREF(entry);
                     goto out;
                 }
+                Py_ssize_t ni = ((KSkip *)entry)->index_c;
+                if (!((KSkip *)entry)->index_is_c && SLOT(entry, off_skip_index) == NULL)
+                    ni = -3;             /* unset: getattr raises below */
+                if (ni < -1) {           /* not a C index: the attribute, as Python reads it */
+                    PyObject *index = get_slot(entry, g_skip_t, off_skip_index, s_index);
+                    ni = index == NULL ? -1 : PyLong_AsSsize_t(index);
+                    Py_XDECREF(index);
+                    if (index == NULL || (ni == -1 && PyErr_Occurred())) {
+                        Py_DECREF(nf);
+                        Py_DECREF(entry);
+                        goto out;
+                    }
+                }
+                Py_DECREF(entry);
                 Py_SETREF(f, nf);
-                i = PyLong_AsSsize_t(index);
-                Py_DECREF(index);
-                if (i == -1 && PyErr_Occurred())
-                    goto out;
-                i -= 1;
+                i = ni - 1;
                 if (i >= -1)
                     continue;
             }
@@ -529,10 +604,16 @@ perform(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     PyObject *effect = args[0];
     PyObject *const *cargs = args + 1;
     Py_ssize_t n = nargs - 1;
+    if (kfx_materialize() < 0)       /* a C handler's marker, before Python searches */
+        return NULL;
 
     PyObject *st = thread_state();
     if (st == NULL)
         return NULL;
+    KFiber *cur = st == kfx_thread_state ? kfx_current : NULL;
+    if (cur != NULL && cur->stack != NULL && PyList_CheckExact(cur->stack))   /* the usual case */
+        return perform_at(st, Py_NewRef((PyObject *)cur), PyList_GET_SIZE(cur->stack) - 1,
+                          effect, cargs, n);
     PyObject *f = get_slot(st, g_tstate_t, off_current, s_current);
     Py_ssize_t i;
     if (f == NULL || top_index(f, &i) < 0) {

@@ -55,6 +55,25 @@
  */
 
 static int rt_bound;
+
+/* greenlet's C API (greenlet._C_API; its greenlet.h numbers the entries and
+ * promises they do not change): greenlet.switch without a method lookup. */
+#define GREENLET_TYPE_NUM 0
+#define GREENLET_SWITCH_NUM 6
+static PyTypeObject *g_greenlet_t;
+static PyObject *(*g_greenlet_switch)(PyObject *glet, PyObject *args, PyObject *kwargs);
+
+static void
+bind_greenlet_api(void)
+{
+    void **api = PyCapsule_Import("greenlet._C_API", 0);
+    if (api == NULL) {
+        PyErr_Clear();               /* the method call still works */
+        return;
+    }
+    g_greenlet_switch = (PyObject *(*)(PyObject *, PyObject *, PyObject *))api[GREENLET_SWITCH_NUM];
+    g_greenlet_t = g_greenlet_switch != NULL ? (PyTypeObject *)api[GREENLET_TYPE_NUM] : NULL;
+}
 PyTypeObject *g_chain_t;      /* fibers.Chain                             */
 PyTypeObject *g_cont_t;       /* handlers.Continuation                    */
 static PyObject *g_gexit;            /* greenlet.GreenletExit                    */
@@ -94,7 +113,8 @@ same_serial(PyObject *a, PyObject *b)
 static PyObject *
 rt_switch(PyObject *glet)
 {
-    PyObject *r = PyObject_CallMethodNoArgs(glet, s_switch);
+    PyObject *r = Py_TYPE(glet) == g_greenlet_t ? g_greenlet_switch(glet, NULL, NULL)
+                                                : PyObject_CallMethodNoArgs(glet, s_switch);
     Py_DECREF(glet);
     if (r == NULL) {
         if (PyErr_ExceptionMatches(g_gexit) && !PyErr_ExceptionMatches(g_unwind)) {
@@ -122,6 +142,153 @@ rt_switch(PyObject *glet)
     return mail != NULL ? mail : Py_NewRef(Py_None);
 }
 
+/* Chains and continuations that the switch consumed and nobody else holds are
+ * kept for reuse: a round trip then allocates and finalizes neither (a kept
+ * object has never been finalized: its refcount never reached zero). */
+#define CHAIN_CACHE 16
+static PyObject *cont_cache[CHAIN_CACHE], *chain_cache[CHAIN_CACHE];
+static int conts_cached, chains_cached;
+
+void
+kfx_release_chain(PyObject *chain)
+{
+    PyTypeObject *tp = Py_TYPE(chain);
+    if (Py_REFCNT(chain) == 1 && (tp == g_cont_t || tp == g_chain_t)
+            && SLOT(chain, off_top) == Py_None && SLOT(chain, off_base) == Py_None) {
+        int *n = tp == g_cont_t ? &conts_cached : &chains_cached;
+        PyObject **cache = tp == g_cont_t ? cont_cache : chain_cache;
+        if (*n < CHAIN_CACHE) {
+            SLOT(chain, off_top) = SLOT(chain, off_base) = NULL;   /* were None: no decref */
+            if (tp == g_cont_t)
+                Py_CLEAR(SLOT(chain, off_k_shallow));
+            cache[(*n)++] = chain;
+            return;
+        }
+    }
+    Py_DECREF(chain);
+}
+
+/* A new instance of g_cont_t / g_chain_t with its fields unset. */
+static PyObject *
+new_chain_object(PyTypeObject *tp)
+{
+    if (tp == g_cont_t && conts_cached > 0)
+        return cont_cache[--conts_cached];
+    if (tp == g_chain_t && chains_cached > 0)
+        return chain_cache[--chains_cached];
+    return tp->tp_alloc(tp, 0);
+}
+
+static void
+flush_chain_caches(void)
+{
+    while (conts_cached > 0)
+        Py_DECREF(cont_cache[--conts_cached]);
+    while (chains_cached > 0)
+        Py_DECREF(chain_cache[--chains_cached]);
+}
+
+/* The small tuples of the protocol (a send pair, the two tuples of a perform
+ * message, a perform's arguments) are kept for reuse once a C reader is done
+ * with them and nobody else holds them; kfx_tuple(n, ...) makes one (n <= 3)
+ * from the cache or anew. */
+#define TUPLE_CACHE 16
+static PyObject *tuple_cache[4][TUPLE_CACHE];
+static int tuples_cached[4];
+
+PyObject *
+kfx_tuple(Py_ssize_t n, PyObject *a, PyObject *b, PyObject *c)
+{
+    PyObject *t;
+    if (tuples_cached[n] > 0) {
+        t = tuple_cache[n][--tuples_cached[n]];
+        if (!PyObject_GC_IsTracked(t))     /* the collector may have untracked it */
+            PyObject_GC_Track(t);
+    }
+    else if ((t = PyTuple_New(n)) == NULL)
+        return NULL;
+    PyObject *items[3] = {a, b, c};
+    for (Py_ssize_t k = 0; k < n; k++)
+        PyTuple_SET_ITEM(t, k, Py_NewRef(items[k]));
+    return t;
+}
+
+/* Drop a reference to ``t``, keeping it for kfx_tuple if it was the last. */
+void
+kfx_release_tuple(PyObject *t)
+{
+    Py_ssize_t n = PyTuple_CheckExact(t) ? PyTuple_GET_SIZE(t) : 0;
+    if (Py_REFCNT(t) != 1 || n < 1 || n > 3 || tuples_cached[n] >= TUPLE_CACHE) {
+        Py_DECREF(t);
+        return;
+    }
+    PyObject *items[3];
+    for (Py_ssize_t k = 0; k < n; k++) {
+        items[k] = PyTuple_GET_ITEM(t, k);
+        PyTuple_SET_ITEM(t, k, NULL);
+    }
+    tuple_cache[n][tuples_cached[n]++] = t;    /* consistent before any decref runs code */
+    for (Py_ssize_t k = 0; k < n; k++)
+        Py_XDECREF(items[k]);
+}
+
+/* _TailResume objects the driver loop is done with, kept for reuse. */
+static PyObject *tail_cache[CHAIN_CACHE];
+static int tails_cached;
+
+/* _TailResume(chain, send) (steals both). */
+static PyObject *
+new_tail_resume(PyObject *chain, PyObject *send)
+{
+    PyObject *tr = tails_cached > 0 ? tail_cache[--tails_cached] : g_tail_t->tp_alloc(g_tail_t, 0);
+    if (tr == NULL) {
+        Py_DECREF(chain);
+        Py_DECREF(send);
+        return NULL;
+    }
+    SLOT(tr, off_tr_chain) = chain;
+    SLOT(tr, off_tr_send) = send;
+    return tr;
+}
+
+/* Drop the driver's reference to a _TailResume whose fields it took. */
+static void
+release_tail_resume(PyObject *tr)
+{
+    if (Py_REFCNT(tr) == 1 && Py_TYPE(tr) == g_tail_t && tails_cached < CHAIN_CACHE) {
+        PyObject *chain = SLOT(tr, off_tr_chain), *send = SLOT(tr, off_tr_send);
+        SLOT(tr, off_tr_chain) = SLOT(tr, off_tr_send) = NULL;
+        tail_cache[tails_cached++] = tr;
+        Py_XDECREF(chain);
+        Py_XDECREF(send);
+        return;
+    }
+    Py_DECREF(tr);
+}
+
+/* A resume not in tail position nests a driver (handlers._resume_from):
+ * handlers._drive (the one-line Python frame the tail check looks for), or
+ * past _HOP_DEPTH frames handlers._drive_on_fresh_stack.  Bound by
+ * _bind_drive; without it rt_resume calls handlers._resume_nested. */
+static PyObject *g_drive_fn, *g_drive_fresh;
+static int g_hop_depth;
+
+/* handlers._stack_is_deep: the Python stack of this greenlet is deeper than
+ * _HOP_DEPTH frames, as the thread state counts calls. */
+static int
+stack_is_deep(void)
+{
+    PyThreadState *ts = PyThreadState_Get();
+#if PY_VERSION_HEX >= 0x030C0000
+    int depth = ts->py_recursion_limit - ts->py_recursion_remaining;
+#elif PY_VERSION_HEX >= 0x030B0000
+    int depth = ts->recursion_limit - ts->recursion_remaining;
+#else
+    int depth = ts->recursion_depth;
+#endif
+    return depth > g_hop_depth;
+}
+
 /* ``if send[0]: raise send[1]`` / ``return send[1]``; steals ``send``. */
 static PyObject *
 rt_answer(PyObject *send)
@@ -133,7 +300,7 @@ rt_answer(PyObject *send)
     }
     int raise = PyObject_IsTrue(PyTuple_GET_ITEM(send, 0));
     PyObject *v = Py_NewRef(PyTuple_GET_ITEM(send, 1));
-    Py_DECREF(send);
+    kfx_release_tuple(send);
     if (raise == 0)
         return v;
     if (raise > 0) {
@@ -173,7 +340,7 @@ rt_suspend(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, P
         goto fail;
     }
     /* k = Continuation(st.current, f, f.shallow) */
-    PyObject *k = g_cont_t->tp_alloc(g_cont_t, 0);
+    PyObject *k = new_chain_object(g_cont_t);
     if (k == NULL) {
         Py_DECREF(st);
         goto fail;
@@ -182,9 +349,11 @@ rt_suspend(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, P
     SLOT(k, off_base) = Py_NewRef(f);
     SLOT(k, off_k_shallow) = Py_NewRef(shallow);
     /* message = (PERFORMED, h, (effect, args, k)) */
-    PyObject *payload = args_tuple(args, n);
-    PyObject *inner = payload == NULL ? NULL : PyTuple_Pack(3, effect, payload, k);
-    PyObject *message = inner == NULL ? NULL : PyTuple_Pack(3, g_performed, h, inner);
+    PyObject *payload = n >= 1 && n <= 3 ? kfx_tuple(n, args[0], n > 1 ? args[1] : NULL,
+                                                      n > 2 ? args[2] : NULL)
+                                         : args_tuple(args, n);
+    PyObject *inner = payload == NULL ? NULL : kfx_tuple(3, effect, payload, k);
+    PyObject *message = inner == NULL ? NULL : kfx_tuple(3, g_performed, h, inner);
     Py_XDECREF(payload);
     Py_XDECREF(inner);
     if (message == NULL) {
@@ -212,7 +381,7 @@ rt_suspend(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, P
     }
     Py_INCREF(resumer);
     set_slot(f, off_parent, Py_None);
-    set_slot(st, off_current, resumer);
+    kfx_set_current(st, resumer);
     PyObject *glet = Py_NewRef(SLOT(resumer, off_glet));
     Py_DECREF(resumer);
     Py_DECREF(f);
@@ -232,12 +401,27 @@ fail:
 PyObject *
 rt_switch_into(PyObject *chain, PyObject *send)
 {
+    Py_INCREF(send);
+    return kfx_switch_into_stealing(chain, send);
+}
+
+/* rt_switch_into taking the caller's reference to ``send``: the fiber that
+ * reads it is then its only holder, and can reuse the pair. */
+PyObject *
+kfx_switch_into_stealing(PyObject *chain, PyObject *send)
+{
+    if (kfx_materialize() < 0) {     /* no pending marker crosses a switch */
+        Py_DECREF(send);
+        return NULL;
+    }
     PyTypeObject *ct = Py_TYPE(chain);
     if (!rt_bound || (ct != g_chain_t && ct != g_cont_t))
         goto py;
     PyObject *st = thread_state();
-    if (st == NULL)
+    if (st == NULL) {
+        Py_DECREF(send);
         return NULL;
+    }
     PyObject *dropped = SLOT(st, off_dropped), *me = SLOT(st, off_current);
     PyObject *top = SLOT(chain, off_top), *base = SLOT(chain, off_base);
     if (dropped == NULL || !PyList_CheckExact(dropped) || PyList_GET_SIZE(dropped) != 0 ||
@@ -255,8 +439,10 @@ rt_switch_into(PyObject *chain, PyObject *send)
     set_slot(chain, off_top, Py_None);
     set_slot(chain, off_base, Py_None);
     set_slot(base, off_parent, me);
-    set_slot(st, off_mail, send);
-    set_slot(st, off_current, top);
+    PyObject *old_mail = SLOT(st, off_mail);
+    SLOT(st, off_mail) = send;       /* ours, moved into the mailbox */
+    Py_XDECREF(old_mail);
+    kfx_set_current(st, top);
     PyObject *glet = Py_NewRef(SLOT(top, off_glet));
     Py_DECREF(me);
     Py_DECREF(top);
@@ -266,7 +452,9 @@ rt_switch_into(PyObject *chain, PyObject *send)
 
 py:;
     PyObject *call[2] = {chain, send};
-    return PyObject_Vectorcall(g_switch_into_py, call, 2, NULL);
+    PyObject *r = PyObject_Vectorcall(g_switch_into_py, call, 2, NULL);
+    Py_DECREF(send);
+    return r;
 }
 
 PyDoc_STRVAR(switch_into_doc,
@@ -282,21 +470,6 @@ switch_into(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
         return NULL;
     }
     return rt_switch_into(args[0], args[1]);
-}
-
-/* ``obj`` of heap type ``tp`` with two slots set (steals a, b). */
-static PyObject *
-new_pair(PyTypeObject *tp, Py_ssize_t off_a, PyObject *a, Py_ssize_t off_b, PyObject *b)
-{
-    PyObject *obj = tp->tp_alloc(tp, 0);
-    if (obj == NULL) {
-        Py_DECREF(a);
-        Py_DECREF(b);
-        return NULL;
-    }
-    SLOT(obj, off_a) = a;
-    SLOT(obj, off_b) = b;
-    return obj;
 }
 
 /* Continuation.resume(self, value=None), then handlers._resume_from. */
@@ -319,14 +492,18 @@ rt_resume(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
         goto py;
     Py_INCREF(caller);
     /* chain = Chain(k.top, k.base); k.top = k.base = None */
-    PyObject *chain = new_pair(g_chain_t, off_top, Py_NewRef(top), off_base, Py_NewRef(base));
+    PyObject *chain = new_chain_object(g_chain_t);
+    if (chain != NULL) {
+        SLOT(chain, off_top) = Py_NewRef(top);
+        SLOT(chain, off_base) = Py_NewRef(base);
+    }
     if (chain == NULL) {
         Py_DECREF(caller);
         return NULL;
     }
     set_slot(self, off_top, Py_None);
     set_slot(self, off_base, Py_None);
-    PyObject *send = PyTuple_Pack(2, Py_False, nargs ? args[0] : Py_None);
+    PyObject *send = kfx_tuple(2, Py_False, nargs ? args[0] : Py_None, NULL);
     if (send == NULL) {
         Py_DECREF(caller);
         Py_DECREF(chain);
@@ -334,16 +511,26 @@ rt_resume(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
     }
     int tail = straight_to_driver((PyObject *)caller);
     Py_DECREF(caller);
-    PyObject *tr = tail < 0 ? NULL : new_pair(g_tail_t, off_tr_chain, chain, off_tr_send, send);
     if (tail < 0) {
         Py_DECREF(chain);
         Py_DECREF(send);
+        return NULL;
     }
-    if (tr == NULL || tail)
-        return tr;                   /* _TailResume(chain, send) for the driver */
-    /* not a tail resume: nest (_resume_nested: the deep-stack hop, then _drive) */
-    PyObject *r = PyObject_CallOneArg(g_nested, tr);
-    Py_DECREF(tr);
+    if (tail)                        /* _TailResume(chain, send) for the driver */
+        return new_tail_resume(chain, send);
+    /* not a tail resume: nest (the deep-stack hop, or _drive) */
+    PyObject *r;
+    if (g_drive_fn != NULL) {
+        PyObject *call[2] = {chain, send};
+        r = PyObject_Vectorcall(stack_is_deep() ? g_drive_fresh : g_drive_fn, call, 2, NULL);
+        kfx_release_chain(chain);
+        Py_DECREF(send);
+    }
+    else {
+        PyObject *tr = new_tail_resume(chain, send);
+        r = tr == NULL ? NULL : PyObject_CallOneArg(g_nested, tr);
+        Py_XDECREF(tr);
+    }
     return r;
 
 py:;
@@ -445,9 +632,8 @@ rt_drive(PyObject *chain, PyObject *send)
     Py_INCREF(chain);
     Py_INCREF(send);
     for (;;) {
-        PyObject *msg = rt_switch_into(chain, send);
-        Py_DECREF(chain);
-        Py_DECREF(send);
+        PyObject *msg = kfx_switch_into_stealing(chain, send);
+        kfx_release_chain(chain);
         if (msg == NULL)
             return NULL;
         if (!PyTuple_CheckExact(msg) || PyTuple_GET_SIZE(msg) != 3) {
@@ -459,7 +645,7 @@ rt_drive(PyObject *chain, PyObject *send)
         PyObject *payload = Py_NewRef(PyTuple_GET_ITEM(msg, 2));
         PyObject *result = NULL;
         if (kind == g_performed) {
-            Py_DECREF(msg);
+            kfx_release_tuple(msg);
             /* effect, args, k = payload; handler.on[effect](k, *args) */
             if (!PyTuple_CheckExact(payload) || PyTuple_GET_SIZE(payload) != 3 ||
                     !PyTuple_CheckExact(PyTuple_GET_ITEM(payload, 1))) {
@@ -471,7 +657,7 @@ rt_drive(PyObject *chain, PyObject *send)
             PyObject *effect = Py_NewRef(PyTuple_GET_ITEM(payload, 0));
             PyObject *args = Py_NewRef(PyTuple_GET_ITEM(payload, 1));
             PyObject *k = Py_NewRef(PyTuple_GET_ITEM(payload, 2));
-            Py_DECREF(payload);
+            kfx_release_tuple(payload);
             PyObject *on = get_handler_attr(handler, g_handler_on, off_on, s_on);
             PyObject *clause = on == NULL ? NULL : PyObject_GetItem(on, effect);
             Py_XDECREF(on);
@@ -548,7 +734,7 @@ rt_drive(PyObject *chain, PyObject *send)
         }
         Py_INCREF(chain);
         Py_INCREF(send);
-        Py_DECREF(result);
+        release_tail_resume(result);
     }
 }
 
@@ -571,53 +757,38 @@ drive(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     return rt_drive(args[0], args[1]);
 }
 
-/* getattr(self, "top", None) (new reference or NULL in *out); -1 on error. */
-static int
-PyObject_GetOptionalAttr_compat(PyObject *self, PyObject **out)
-{
-    *out = PyObject_GetAttrString(self, "top");
-    if (*out == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-            return -1;
-        PyErr_Clear();
-    }
-    return 0;
-}
-
-/* Continuation.__del__ (the Python method is kept as handlers._del_py): a
- * continuation dropped unused is unwound, except at interpreter exit.  Every
- * round trip frees one continuation; in C that costs no Python frame. */
+/* Continuation.__del__ as ContinuationData's tp_finalize (the Python method
+ * is kept as handlers._del_py; handlers deletes it from the class so that
+ * this runs): a continuation dropped unused is unwound, except at
+ * interpreter exit.  Every round trip frees one continuation; here that
+ * costs no method lookup and no call. */
 static PyObject *g_unwind_fn;        /* fibers.unwind                            */
 
-static PyObject *
-rt_del(PyObject *self, PyObject *Py_UNUSED(ignored))
+void
+kfx_continuation_finalize(PyObject *self)
 {
-    PyObject *top;
-    if (Py_TYPE(self) == g_cont_t)
-        top = Py_XNewRef(SLOT(self, off_top));
-    else if (PyObject_GetOptionalAttr_compat(self, &top) < 0)
-        return NULL;
-    int live = top != NULL && top != Py_None;
-    Py_XDECREF(top);
+    PyObject *top = ((KChain *)self)->top;
 #if PY_VERSION_HEX >= 0x030D0000
     int finalizing = Py_IsFinalizing();
 #else
     int finalizing = _Py_IsFinalizing();
 #endif
-    if (!live || finalizing)
-        Py_RETURN_NONE;
-    return PyObject_CallOneArg(g_unwind_fn, self);
+    if (g_unwind_fn == NULL || top == NULL || top == Py_None || finalizing)
+        return;
+    PyObject *pending = exc_save();  /* a finalizer keeps the exception being raised */
+    PyObject *r = PyObject_CallOneArg(g_unwind_fn, self);
+    if (r == NULL)
+        PyErr_WriteUnraisable(self);
+    Py_XDECREF(r);
+    exc_restore(pending);
 }
-
-static PyMethodDef del_def = {
-    "__del__", rt_del, METH_NOARGS,
-    "Dropped without being used: run its cleanup (compiled Continuation.__del__)."};
 
 PyDoc_STRVAR(bind_round_trip_doc,
 "_bind_round_trip(Chain, Continuation, GreenletExit, Unwind, begin_unwind_here, switch_into,\n"
 "                 resume, PERFORMED, RETURNED, RAISED, unwind)\n--\n\n"
 "Called by kina_fx.handlers after _bind: what the compiled round trip works with.\n"
-"Returns the compiled ``resume`` and ``__del__`` method descriptors for Continuation.");
+"Returns the compiled ``resume`` method descriptor for Continuation (its\n"
+"__del__ is ContinuationData's finalizer once the class has none of its own).");
 
 static PyObject *
 bind_round_trip(PyObject *Py_UNUSED(module), PyObject *args)
@@ -642,11 +813,7 @@ bind_round_trip(PyObject *Py_UNUSED(module), PyObject *args)
             check_data_type(cont_t, &KContinuation_Type, "Continuation"))
         return NULL;
     PyObject *descr = PyDescr_NewMethod((PyTypeObject *)cont_t, &resume_def);
-    PyObject *del = descr == NULL ? NULL : PyDescr_NewMethod((PyTypeObject *)cont_t, &del_def);
-    PyObject *pair = del == NULL ? NULL : PyTuple_Pack(2, descr, del);
-    Py_XDECREF(descr);
-    Py_XDECREF(del);
-    if (pair == NULL)
+    if (descr == NULL)
         return NULL;
     Py_XSETREF(g_chain_t, (PyTypeObject *)Py_NewRef(chain_t));
     Py_XSETREF(g_cont_t, (PyTypeObject *)Py_NewRef(cont_t));
@@ -659,11 +826,39 @@ bind_round_trip(PyObject *Py_UNUSED(module), PyObject *args)
     Py_XSETREF(g_returned, Py_NewRef(returned));
     Py_XSETREF(g_raised, Py_NewRef(raised));
     Py_XSETREF(g_unwind_fn, Py_NewRef(unwind_fn));
+    if (g_greenlet_t == NULL)
+        bind_greenlet_api();
+    flush_chain_caches();            /* rebinding: of the old classes */
     rt_bound = 1;
-    return pair;
+    return descr;
+}
+
+PyDoc_STRVAR(bind_drive_doc,
+"_bind_drive(drive, drive_on_fresh_stack, hop_depth)\n--\n\n"
+"Called by kina_fx.handlers: what a resume that is not in tail position calls\n"
+"(handlers._drive, handlers._drive_on_fresh_stack past hop_depth frames).");
+
+static PyObject *
+bind_drive(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *drive_fn, *fresh;
+    int hop;
+    if (!PyArg_ParseTuple(args, "OOi:_bind_drive", &drive_fn, &fresh, &hop))
+        return NULL;
+    if (!PyCallable_Check(drive_fn) || !PyCallable_Check(fresh)) {
+        PyErr_SetString(PyExc_TypeError, "_bind_drive: drive and drive_on_fresh_stack must be callable");
+        return NULL;
+    }
+    Py_XSETREF(g_drive_fn, Py_NewRef(drive_fn));
+    Py_XSETREF(g_drive_fresh, Py_NewRef(fresh));
+    g_hop_depth = hop;
+    while (tails_cached > 0)         /* rebinding: of the old class */
+        Py_DECREF(tail_cache[--tails_cached]);
+    Py_RETURN_NONE;
 }
 
 PyMethodDef kfx_round_trip_methods[] = {
+    {"_bind_drive", bind_drive, METH_VARARGS, bind_drive_doc},
     {"_bind_round_trip", bind_round_trip, METH_VARARGS, bind_round_trip_doc},
     {"_bind_abort", bind_abort, METH_O, bind_abort_doc},
     {"switch_into", (PyCFunction)(void (*)(void))switch_into, METH_FASTCALL, switch_into_doc},

@@ -2,7 +2,8 @@
  *
  * What it mirrors: the __slots__ of kina_fx/fibers.py (Fiber, ThreadState,
  * Chain) and kina_fx/handlers.py (Handler, _Skip, _TailResume, the fields a
- * Continuation adds to a Chain, Stepper) and kina_fx/ffi_effects.py (CClause).  With kina_fx._speedups in use,
+ * Continuation adds to a Chain, Stepper) and kina_fx/ffi_effects.py (CClause,
+ * CHandler).  With kina_fx._speedups in use,
  * fibers.data_type(name, fields) returns the type of that name defined here
  * and the Python class derives from it, adding methods only; without it, the
  * same call makes a plain class with those __slots__ (the reference).  So the
@@ -24,6 +25,8 @@ objects_end(PyTypeObject *tp)
 {
     if (tp == &KStepper_Type)
         return offsetof(KStepper, c_valid);
+    if (tp == &KSkip_Type)
+        return offsetof(KSkip, index_c);
     return tp->tp_weaklistoffset ? tp->tp_weaklistoffset : tp->tp_basicsize;
 }
 
@@ -63,6 +66,11 @@ kfx_data_dealloc(PyObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
+    if (self == kfx_thread_state) {      /* this thread's state is going away */
+        kfx_thread_state = NULL;
+        kfx_current = NULL;
+        kfx_thread_serial = 0;
+    }
     PyTypeObject *own = tp;
     while (own->tp_dealloc != kfx_data_dealloc)
         own = own->tp_base;
@@ -80,12 +88,13 @@ static PyMemberDef fiber_members[] = {
     FIELD(KFiber, thread), FIELD(KFiber, job), FIELD(KFiber, glet), FIELD(KFiber, unwinder),
     {NULL}};
 static PyMemberDef tstate_members[] = {
-    FIELD(KThreadState, current), FIELD(KThreadState, mail),
+    FIELD(KThreadState, mail),
     FIELD(KThreadState, outbox), FIELD(KThreadState, pool), FIELD(KThreadState, to_start),
     FIELD(KThreadState, trampoline), FIELD(KThreadState, dropped), {NULL}};
 static PyMemberDef chain_members[] = {FIELD(KChain, top), FIELD(KChain, base), {NULL}};
 static PyMemberDef cont_members[] = {FIELD(KContinuation, shallow), {NULL}};
-static PyMemberDef skip_members[] = {FIELD(KSkip, fiber), FIELD(KSkip, index), {NULL}};
+static PyMemberDef skip_members[] = {FIELD(KSkip, fiber), {NULL}};
+static PyMemberDef chandler_members[] = {FIELD(KCHandler, thread), {NULL}};
 static PyMemberDef tail_members[] = {FIELD(KTailResume, chain), FIELD(KTailResume, send), {NULL}};
 static PyMemberDef handler_members[] = {
     FIELD(KHandler, on), FIELD(KHandler, fun), FIELD(KHandler, ret), FIELD(KHandler, exc), {NULL}};
@@ -131,10 +140,13 @@ serial_of(PyObject *v)
     return overflow || s <= 0 ? 0 : (int64_t)s;
 }
 
-/* The running OS thread's token, for the paths that run without the GIL:
- * set when this thread's fibers.ThreadState gets its serial (it is made on
- * its own thread, by fibers.local, and is the only ThreadState there). */
-__thread int64_t kfx_thread_serial;
+/* What the paths without the GIL start from (speedups.h): set when this
+ * thread's fibers.ThreadState gets its serial (it is made on its own thread,
+ * by fibers.local, and is the only ThreadState there), and whenever its
+ * ``current`` changes. */
+KFX_TLS PyObject *kfx_thread_state;
+KFX_TLS int64_t kfx_thread_serial;
+KFX_TLS KFiber *kfx_current;
 
 static PyObject *tstate_get_serial(PyObject *self, void *c) { return field_get(((KThreadState *)self)->serial, "serial"); }
 
@@ -143,12 +155,71 @@ tstate_set_serial(PyObject *self, PyObject *value, void *c)
 {
     if (field_set(&((KThreadState *)self)->serial, value, "serial") < 0)
         return -1;
+    kfx_thread_state = self;
     kfx_thread_serial = serial_of(value);
+    PyObject *cur = ((KThreadState *)self)->current;
+    kfx_current = cur != NULL && PyObject_TypeCheck(cur, &KFiber_Type) ? (KFiber *)cur : NULL;
     return 0;
 }
 
+static PyObject *tstate_get_current(PyObject *self, void *c) { return field_get(((KThreadState *)self)->current, "current"); }
+
+static int
+tstate_set_current(PyObject *self, PyObject *value, void *c)
+{
+    if (value == NULL && ((KThreadState *)self)->current == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "current");
+        return -1;
+    }
+    kfx_set_current(self, value);
+    return 0;
+}
+
+void
+kfx_set_current(PyObject *st, PyObject *fiber)
+{
+    if (st == kfx_thread_state)          /* written first, before anything can run */
+        kfx_current = fiber != NULL && PyObject_TypeCheck(fiber, &KFiber_Type) ? (KFiber *)fiber : NULL;
+    PyObject *old = ((KThreadState *)st)->current;
+    ((KThreadState *)st)->current = Py_XNewRef(fiber);
+    Py_XDECREF(old);
+}
+
 static PyGetSetDef tstate_getset[] = {
-    {"serial", tstate_get_serial, tstate_set_serial, NULL, NULL}, {NULL}};
+    {"serial", tstate_get_serial, tstate_set_serial, NULL, NULL},
+    {"current", tstate_get_current, tstate_set_current, NULL, NULL}, {NULL}};
+
+/* _Skip.index: also kept as a C value, for the search without the GIL. */
+static PyObject *
+skip_get_index(PyObject *self, void *c)
+{
+    KSkip *sk = (KSkip *)self;
+    if (sk->index == NULL && sk->index_is_c)     /* made by C: the object on demand */
+        sk->index = PyLong_FromSsize_t(sk->index_c);
+    return field_get(sk->index, "index");
+}
+
+static int
+skip_set_index(PyObject *self, PyObject *value, void *c)
+{
+    Py_ssize_t i = -2;                   /* not an index: that search takes the GIL */
+    if (value != NULL && PyLong_CheckExact(value)) {
+        i = PyLong_AsSsize_t(value);
+        if (i == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            i = -2;
+        }
+    }
+    if (value == NULL && ((KSkip *)self)->index_is_c)
+        ((KSkip *)self)->index = PyLong_FromSsize_t(((KSkip *)self)->index_c);  /* then del */
+    if (field_set(&((KSkip *)self)->index, value, "index") < 0)
+        return -1;
+    ((KSkip *)self)->index_c = i;
+    ((KSkip *)self)->index_is_c = 0;
+    return 0;
+}
+
+static PyGetSetDef skip_getset[] = {{"index", skip_get_index, skip_set_index, NULL, NULL}, {NULL}};
 
 /* Stepper.state: any write (the Python Stepper's own code) makes the C copy
  * of the pending perform stale; only the C step (speedups_c_fibers.c)
@@ -215,21 +286,25 @@ DATA_TYPE_GS(KThreadState_Type, "ThreadStateData", KThreadState, tstate_members,
              offsetof(KThreadState, weakreflist), NULL);
 DATA_TYPE(KChain_Type, "ChainData", KChain, chain_members, 0, NULL);
 DATA_TYPE(KContinuation_Type, "ContinuationData", KContinuation, cont_members, 0, &KChain_Type);
-DATA_TYPE(KSkip_Type, "SkipData", KSkip, skip_members, 0, NULL);
+DATA_TYPE_GS(KSkip_Type, "SkipData", KSkip, skip_members, skip_getset, 0, NULL);
 DATA_TYPE(KTailResume_Type, "TailResumeData", KTailResume, tail_members, 0, NULL);
 DATA_TYPE(KHandler_Type, "HandlerData", KHandler, handler_members, 0, NULL);
 DATA_TYPE_GS(KStepper_Type, "StepperData", KStepper, stepper_members, stepper_getset, 0, NULL);
 DATA_TYPE(KCatch_Type, "CatchData", KCatch, catch_members, 0, NULL);
 DATA_TYPE(KCClause_Type, "CClauseData", KCClause, cclause_members, 0, NULL);
+DATA_TYPE(KCHandler_Type, "CHandlerData", KCHandler, chandler_members, offsetof(KCHandler, weakreflist),
+          &KHandler_Type);
 
 static PyTypeObject *const data_types[] = {
     &KFiber_Type, &KThreadState_Type, &KChain_Type, &KContinuation_Type, &KSkip_Type,
-    &KTailResume_Type, &KHandler_Type, &KStepper_Type, &KCatch_Type, &KCClause_Type, NULL};
+    &KTailResume_Type, &KHandler_Type, &KStepper_Type, &KCatch_Type, &KCClause_Type,
+    &KCHandler_Type, NULL};
 
 /* PyType_Ready each type and add it to the module under its short name. */
 int
 kfx_add_data_types(PyObject *module)
 {
+    KContinuation_Type.tp_finalize = kfx_continuation_finalize;   /* speedups_round_trip.c */
     for (PyTypeObject *const *t = data_types; *t != NULL; t++) {
         if (PyType_Ready(*t) < 0)
             return -1;
