@@ -748,3 +748,33 @@ def test_forwarding_chain_with_suspend_at_the_end(mode, c):
     assert s.step() == "suspended" and (s.effect, s.args) == (E, (3,))
     assert s.step(9) == "done" and s.result == (0, 9)
     assert log == ["fwd"] * 5 + ["outer"]
+
+
+def test_markers_of_c_handlers_on_several_threads(mode, c):
+    # Each thread's C handler (a Python callback) puts its marker on the stack
+    # (Python perform) while the others do the same: every marker comes off
+    # its own stack.
+    import threading
+    errors, results = [], []
+    barrier = threading.Barrier(4)
+
+    def worker(tag):
+        try:
+            with Handler(fun={F: lambda: tag}):
+                h = c.push(lambda effect, args: (HANDLED, perform(F) + args[0]), E)
+                try:
+                    barrier.wait()
+                    for i in range(300):
+                        assert c.perform(E, i) == (0, tag + i)
+                finally:
+                    c.pop(h)
+                results.append(len(fibers.current().stack))
+        except BaseException as exc:         # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(1000 * k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and results == [1, 1, 1, 1]

@@ -262,10 +262,7 @@ static int32_t kina__check_recursion_headroom(void)
     return KINA_STATUS_INTERNAL;
 }
 
-/* ---- the exports ----------------------------------------------------------- */
-
-
-/* ---- C fast paths ---------------------------------------------------------- */
+/* ---- the exports and their C fast paths ------------------------------------ */
 
 /* The exports of KINA_EFFECT_FAST_EXPORTS (kina_effects_exports.h) first try
  * a C fast path of kina_fx._speedups (kina_fast_api.h): kina_perform answered

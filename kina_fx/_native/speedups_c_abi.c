@@ -1,6 +1,5 @@
-/* speedups_c_abi.c: kina_perform from C answered by C handlers, without
- * entering Python through cffi (kina_fast_perform, exported through the
- * capsule kina_fx._speedups._C_API to libkina_fx.so's kina_runtime.c).
+/* speedups_c_abi.c: kina_perform from C with the GIL (the part of its fast
+ * path that speedups_nogil.c cannot do without it; kina_fast_api.h).
  *
  * What it mirrors: ffi_effects.kina_py_perform (argument reading, answer
  * conversion, error reporting) with ffi_effects.CClause.__call__ (the C call)
@@ -12,13 +11,13 @@
 
 #include <errno.h>
 
-/* ---- kina_perform from C: C handlers called directly ------------------------- *
+/* ---- kina_perform from C, with the GIL ---------------------------------------- *
  *
- * libkina_fx.so's kina_perform (kina_runtime.c) first calls kina_fast_perform
- * (through the capsule kina_fx._speedups._C_API), with the GIL held, before
- * its cffi ``extern "Python"`` path (ffi_effects.kina_py_perform, which boxes
- * everything, runs perform and calls a C handler back through cffi).  It runs
- * the search of perform_at; a clause that is an ffi_effects.CClause (the
+ * speedups_c_fibers.c's fast path of kina_perform tries the search without the
+ * GIL first (speedups_nogil.c); where it stops, it takes the GIL and calls
+ * kfx_perform_after_nogil (or, if it could not even start, kina_fast_perform,
+ * from the top of the running fiber's stack).  Both run perform_loop: the
+ * search of perform_at, in which a clause that is an ffi_effects.CClause (the
  * clause of a kina_push_handler handler) is called right here:
  *
  *   _Skip(f, i) pushed; fn(ctx, effect_id, args, nargs, &answer) called with
@@ -27,21 +26,20 @@
  *   goes on below that handler (a CClause further out is called directly too);
  *   anything else: CClause._outcome(rc, answer, args), the Python clause's own
  *   code (suspend_to_host for KINA_SUSPEND, exception_for for a status), is
- *   called before the marker is removed, as inside the Python clause.
+ *   called before the marker is removed, as inside the Python clause
+ *   (after_c_call, which also finishes the calls speedups_nogil.c made).
  *
- * The first time the search reaches anything else (a Python ``fun`` clause, an
- * ``on`` clause, the bottom of the stacks) or meets an error:
- *   - if no C handler ran yet, it returns KINA_FAST_DECLINED having done
- *     nothing (the search only reads): kina_perform takes the Python path,
- *     which also validates every argument and reports its own errors;
- *   - else the perform goes on in perform_at (boxing the arguments) from that
- *     entry, as the Python path would have.
- * A value is converted as kina_py_perform converts it (exact int64 here, any
- * other through ffi_effects._answer_to_int64); an exception becomes a status
- * and kina_last_error through ffi_effects._report_error (kina_fx.ffi._onerror,
- * cffi's hook for the slow path).  Either way it returns KINA_FAST_DONE with
- * *status set.  Bound by ffi_effects (_bind_c_abi) only when this compiled
- * perform is the one in use. */
+ * Anything else the search finds (a Python ``fun`` clause, an ``on`` clause,
+ * nothing) is done as handlers.perform does it for kina_py_perform: the
+ * arguments were validated as kina_py_perform validates them (invalid ones
+ * decline before anything is read), a value is converted as it converts it
+ * (exact int64 here, any other through ffi_effects._answer_to_int64) and an
+ * exception becomes a status and kina_last_error through
+ * ffi_effects._report_error (kina_fx.ffi._onerror, cffi's hook for the
+ * Python path).  Only an exception during the search before any C handler
+ * ran declines (the Python path meets it again and reports it).  Bound by
+ * ffi_effects (_bind_c_abi) only when this compiled perform is the one in
+ * use. */
 
 
 #define FAST_MAX_ARGS KFX_MAX_ARGS

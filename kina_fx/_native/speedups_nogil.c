@@ -99,8 +99,13 @@ kfx_materialize(void)
         PyObject *stack = m->cur->stack;
         PyObject *skip = new_skip((PyObject *)m->f, m->i);
         PyObject *key = skip == NULL ? NULL : PyLong_FromUnsignedLongLong(m->token);
-        int r = key == NULL || stack == NULL ? -1
-              : PyList_Insert(stack, at < PyList_GET_SIZE(stack) ? at : PyList_GET_SIZE(stack), skip);
+        int r = -1;
+        if (key != NULL && stack != NULL && PyList_Check(stack)) {
+            Py_ssize_t n = PyList_GET_SIZE(stack);
+            r = PyList_Insert(stack, at < 0 ? n : at > n ? n : at, skip);
+        }
+        else if (key != NULL)
+            PyErr_SetString(PyExc_TypeError, "kina_fx: a fiber's handler stack is not a list");
         if (r == 0)
             r = PyDict_SetItem(g_materialized, key, skip);
         Py_XDECREF(key);
@@ -139,7 +144,8 @@ push_mark(KFiber *cur, KFiber *f, Py_ssize_t i)
     if (nmarks >= MARKS)
         return 0;
     pending_mark *m = &marks[nmarks++];
-    m->token = ++next_token;
+    /* unique in the process: g_materialized is shared by every thread */
+    m->token = ((uint64_t)kfx_thread_serial << 40) | (++next_token & ((UINT64_C(1) << 40) - 1));
     m->cur = cur;
     m->f = f;
     m->i = i;
