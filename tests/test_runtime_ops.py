@@ -258,3 +258,32 @@ def test_each_row_computes_what_its_autograd_primitive_computes(op):
 
 def test_all_axes_is_int32_min():
     assert gpu_ops.ALL_AXES == runtime_ops.ALL_AXES == -(2 ** 31)
+
+
+@pytest.mark.integration
+def test_a_c_handler_cannot_take_a_runtime_ops_effect(abi, tmp_path):
+    """The payload is arrays, not int64 values: a C handler pushed for a runtime
+    op's effect is never called; the export returns 6 and writes nothing."""
+    import cffi
+
+    from abi_helpers import build_fixture_library
+
+    src = tmp_path / "answer.c"
+    src.write_text('#include "kina_fx.h"\n'
+                   "int32_t answer(void *ctx, int32_t e, const int64_t *a, int32_t n, int64_t *out)\n"
+                   "{ (void)ctx; (void)e; (void)a; (void)n; *out = 0; return 0; }\n")
+    so = build_fixture_library(src, tmp_path / "answer.so")
+    c = cffi.FFI()
+    c.cdef("int32_t answer(void *, int32_t, const int64_t *, int32_t, int64_t *);")
+    fixture = c.dlopen(str(so))
+    fn = abi.ffi.cast("kina_handler_fn", c.cast("void *", c.addressof(fixture, "answer")))
+    ids = abi.ffi.new("int32_t[1]", [runtime_ops.effect_of("exp").id])
+    handle = abi.ffi.new("kina_handler_t *")
+    assert abi.lib.kina_push_handler(fn, abi.ffi.NULL, ids, 1, handle) == OK
+    try:
+        x, y = np.ones(3, np.float32), np.zeros(3, np.float32)
+        assert abi.call(BY_NAME["exp"].export, y, x) == TYPE
+        assert "must be an int to cross the C ABI" in abi.last_error()
+        assert (y == 0).all()
+    finally:
+        assert abi.lib.kina_pop_handler(handle[0]) == OK
