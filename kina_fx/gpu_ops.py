@@ -418,19 +418,29 @@ def require_elements(x, axis, op: str) -> None:
 
 
 
+def check_reduction(op: str, x, axis, keepdims) -> tuple:
+    """Validate a reduction of ``x`` (``axis``: an int, None or ALL_AXES for all;
+    ``keepdims`` 0 or 1) and return ``(axis, keepdims, result shape)``.  ``mean``
+    and ``max`` of nothing are ValidationErrors; ``sum`` of nothing is 0."""
+    if axis == ALL_AXES:
+        axis = None
+    if keepdims not in (0, 1, False, True):
+        raise ValidationError(f"{op}: keepdims must be 0 or 1, not {keepdims}")
+    keepdims = bool(keepdims)
+    shape = reduced_shape(x.shape, axis, keepdims)
+    if op != "sum":
+        require_elements(x, axis, op)
+    return axis, keepdims, shape
+
+
 def _reduction(fn):
     name = fn.__name__
+    op = name.removeprefix("reduce_")
 
     def kernel(x, axis=None, keepdims=False, out=None):
-        op = name.removeprefix("reduce_")
-        if axis == ALL_AXES:
-            axis = None
-        if keepdims not in (0, 1, False, True):
-            raise ValidationError(f"{op}: keepdims must be 0 or 1, not {keepdims}")
-        keepdims = bool(keepdims)
-        shape = reduced_shape(x.shape, axis, keepdims)
+        axis, keepdims, shape = check_reduction(op, x, axis, keepdims)
         _check_out(out, shape, op)
-        r = fn(array_module(x), x, axis, keepdims)
+        r = fn(x, axis, keepdims)
         if out is None:
             return r
         out[...] = r
@@ -441,22 +451,20 @@ def _reduction(fn):
 
 
 @_reduction
-def reduce_sum(xp, x, axis, keepdims):
+def reduce_sum(x, axis, keepdims):
     """Sum over one axis or all axes (0 over an empty one)."""
     return x.sum(axis=axis, keepdims=keepdims)
 
 
 @_reduction
-def reduce_mean(xp, x, axis, keepdims):
+def reduce_mean(x, axis, keepdims):
     """Mean over one axis or all axes; an empty reduction is a ValidationError."""
-    require_elements(x, axis, "mean")
     return x.mean(axis=axis, keepdims=keepdims)
 
 
 @_reduction
-def reduce_max(xp, x, axis, keepdims):
+def reduce_max(x, axis, keepdims):
     """Maximum over one axis or all axes; an empty reduction is a ValidationError."""
-    require_elements(x, axis, "max")
     return x.max(axis=axis, keepdims=keepdims)
 
 

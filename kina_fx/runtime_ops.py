@@ -140,15 +140,7 @@ def _broadcast(name):
 
 
 def _reduction_check(name):
-    def check(x, axis, keepdims):
-        if keepdims not in (0, 1):
-            raise ValidationError(f"{name}: keepdims must be 0 or 1, not {keepdims}")
-        ax = _axis_or_all(axis)
-        shape = gpu_ops.reduced_shape(x.shape, ax, bool(keepdims))
-        if name != "sum":
-            gpu_ops.require_elements(x, ax, name)
-        return shape
-    return check
+    return lambda x, axis, keepdims: gpu_ops.check_reduction(name, x, axis, keepdims)[2]
 
 
 def _axis_check(name):
