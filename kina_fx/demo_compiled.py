@@ -73,27 +73,12 @@ def train_both(loss_compiled, epochs=40, hidden=128, batch=64, lr=2e-3, seed=0, 
 
 
 def plot(results, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    labels = {"compiled": "forward in MLIR-compiled code, gradients from the tape",
-              "python": "forward in Python (kina_fx.autograd)"}
-    styles = {"compiled": dict(marker="o", markersize=3), "python": dict(linestyle="--")}
-    for name, r in results.items():
-        ax.plot(range(1, len(r["losses"]) + 1), r["losses"], label=labels[name], **styles[name])
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("mean training cross-entropy")
-    ax.set_yscale("log")
-    ax.set_title("64-128-10 MLP on sklearn digits")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    """Both loss curves on one plot."""
+    return demo_mlp.plot_losses({
+        "forward in MLIR-compiled code, gradients from the tape":
+            (results["compiled"]["losses"], {"marker": "o", "markersize": 3}),
+        "forward in Python (kina_fx.autograd)": (results["python"]["losses"], {"linestyle": "--"}),
+    }, path, title="64-128-10 MLP on sklearn digits")
 
 
 def main(argv=None):

@@ -111,17 +111,25 @@ def train(epochs=40, hidden=128, batch=64, lr=2e-3, seed=0, progress=True):
             "losses": losses, "seconds": seconds, "backend": xp.__name__}
 
 
-def plot_losses(losses, path):
+def plot_losses(losses, path, title="kina_fx autograd: 64-128-10 MLP on sklearn digits"):
+    """Loss curves on one log-scale plot, written to ``path`` (PNG).
+
+    ``losses``: a list of per-epoch losses, or ``{label: (losses, plot style)}``
+    for several curves with a legend."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    curves = losses if isinstance(losses, dict) else {None: (losses, {"marker": "o", "markersize": 3})}
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(range(1, len(losses) + 1), losses, marker="o", markersize=3)
+    for label, (values, style) in curves.items():
+        ax.plot(range(1, len(values) + 1), values, label=label, **style)
     ax.set_xlabel("epoch")
     ax.set_ylabel("mean training cross-entropy")
     ax.set_yscale("log")
-    ax.set_title("kina_fx autograd: 64-128-10 MLP on sklearn digits")
+    ax.set_title(title)
     ax.grid(True, alpha=0.3)
+    if isinstance(losses, dict):
+        ax.legend(fontsize=8)
     fig.tight_layout()
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
