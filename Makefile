@@ -17,7 +17,7 @@ endif
 
 .PHONY: demo test bench typecheck docs clean FORCE
 
-$(STAMP): pyproject.toml setup.py $(wildcard kina_fx/_native/*)
+$(STAMP): pyproject.toml setup.py $(wildcard kina_fx/ffi/c/* kina_fx/_speedups_c/*)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,demo]'

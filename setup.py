@@ -1,4 +1,4 @@
-"""Build hook: compile kina_fx's C library (kina_fx/_native/build.py) as part of build_ext.
+"""Build hook: compile kina_fx's C library (kina_fx/ffi/c/build.py) as part of build_ext.
 
 The library is one build_ext "extension", ``kina_fx.libkina_fx``, whose build
 writes several files (build.py's docstring says which): the loader
@@ -21,7 +21,7 @@ NATIVE_LIBRARY = "kina_fx.libkina_fx"
 
 
 def _native_builder():
-    path = os.path.join(HERE, "kina_fx", "_native", "build.py")
+    path = os.path.join(HERE, "kina_fx", "ffi", "c", "build.py")
     spec = importlib.util.spec_from_file_location("kina_fx_native_build", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -29,7 +29,7 @@ def _native_builder():
 
 
 class BuildNative(build_ext):
-    """Builds the ``kina_fx.libkina_fx`` pseudo-extension with kina_fx/_native/build.py."""
+    """Builds the ``kina_fx.libkina_fx`` pseudo-extension with kina_fx/ffi/c/build.py."""
 
     def get_ext_filename(self, fullname):
         if fullname == NATIVE_LIBRARY:
@@ -76,10 +76,10 @@ setup(
         # The compiled fast path of handlers.perform.  Optional: when it cannot
         # be compiled, build_ext warns and kina_fx runs in pure Python.
         Extension("kina_fx._speedups", optional=True,
-                  sources=[f"kina_fx/_native/speedups_{part}.c"
+                  sources=[f"kina_fx/_speedups_c/{part}.c"
                            for part in ("module", "types", "perform", "nogil", "c_abi", "c_fibers", "tail",
                                         "round_trip")],
-                  depends=["kina_fx/_native/speedups.h", "kina_fx/_native/kina_fast_api.h"]),
+                  depends=["kina_fx/_speedups_c/speedups.h", "kina_fx/_speedups_c/kina_fast_api.h"]),
     ],
     cmdclass={"build_ext": BuildNative},
 )

@@ -2,7 +2,7 @@
 
     .venv/bin/python benches/bench_abi_contract.py [--batches N]
 
-The memmove rule (kina_fx.ffi._Operands copies an input whose bytes overlap an
+The memmove rule (kina_fx.ffi.ops.Operands copies an input whose bytes overlap an
 output's; on the CPU the cached views' byte bounds are compared) runs on every
 export that goes through _Operands (copy, gather, softmax, repeat_interleave;
 not the CPU matmul fast path).  This times 2x2 calls of those exports from
@@ -34,13 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kina_fx import ffi as kffi  # noqa: E402
 from kina_fx import memref  # noqa: E402
+from kina_fx.ffi import ops as ffi_ops  # noqa: E402
 
 CALLS = 20000
 
 
 def unchecked(self, ptr, dtype, name, output=False):
     """_Operands.get without the overlap check: the baseline."""
-    return kffi._VIEWS[(dtype, output)].view(ptr, name)
+    return ffi_ops._VIEWS[(dtype, output)].view(ptr, name)
 
 
 def copy_calls(mode: str, n: int) -> None:
@@ -49,7 +50,7 @@ def copy_calls(mode: str, n: int) -> None:
     ms = [memref.from_numpy(a) for a in (np.ones((2, 2), np.float32), np.zeros((2, 2), np.float32))]
     src, dst = (ffi.cast("kina_unranked_memref_t *", m.address) for m in ms)
     if mode == "off":
-        kffi._Operands.get = unchecked
+        ffi_ops.Operands.get = unchecked
     copy = lib._mlir_ciface_runtime_copy_to_host_f32
     for _ in range(n + 1):
         copy(dst, src)
@@ -106,19 +107,19 @@ def main() -> None:
         "softmax_f32": lambda: lib._mlir_ciface_runtime_gpu_softmax_f32(po, px, 1),
         "repeat_interleave_f32": lambda: lib._mlir_ciface_runtime_gpu_repeat_interleave_f32(pw, px, 1, 2),
     }
-    checked = kffi._Operands.get
+    checked = ffi_ops.Operands.get
     rows = []
     for name, call in calls.items():
         assert call() == 0, ffi.string(lib.kina_last_error())
         times = {"on": [], "off": []}
         for _ in range(batches):
             for mode in ("on", "off"):
-                kffi._Operands.get = checked if mode == "on" else unchecked
+                ffi_ops.Operands.get = checked if mode == "on" else unchecked
                 start = time.perf_counter()
                 for _ in range(CALLS):
                     call()
                 times[mode].append((time.perf_counter() - start) / CALLS * 1e6)
-        kffi._Operands.get = checked
+        ffi_ops.Operands.get = checked
         on, off = times["on"], times["off"]
         rows.append((name, min(on), statistics.median(on), min(off), statistics.median(off)))
     print(f"| 2x2 call from Python ({batches} alternated batches of {CALLS}) | with the check, min / median "

@@ -72,7 +72,7 @@ def main(argv=None):
     w2 = (rng.standard_normal((256, 10)) * 0.05).astype(np.float32)
     b2 = np.zeros(10, np.float32)
     with tempfile.TemporaryDirectory() as tmp:
-        from kina_fx import demo_compiled
+        from kina_fx.demos import compiled as demo_compiled
 
         so = compiled.compile_mlir(compiled.example_path("mlp.mlir"), str(Path(tmp) / "mlp.so"))
         mlp_loss = compiled.load(so, demo_compiled.DECLARATION).function("_mlir_ciface_mlp_loss", outputs=1)

@@ -110,7 +110,8 @@ def build_baseline(ref: str, dest: Path) -> Path:
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(site_dir)], input=archive, check=True)
     package = site_dir / "kina_fx"
-    subprocess.run([str(dest / "venv" / "bin" / "python"), str(package / "_native" / "build.py"),
+    native = package / "ffi" / "c" if (package / "ffi" / "c").is_dir() else package / "_native"  # before/after the move
+    subprocess.run([str(dest / "venv" / "bin" / "python"), str(native / "build.py"),
                     str(package)], check=True, capture_output=True)
     return package
 
@@ -178,7 +179,7 @@ def main(argv=None):
         base = build_baseline(args.baseline_ref, tmp / "base")
         exe_new = compile_host(tmp, kffi.header_dir(), str(Path(kffi.library_path()).parent), "bench_new")
         (tmp / "b").mkdir()
-        exe_old = compile_host(tmp / "b", str(base / "_native"), str(base), "bench_old")
+        exe_old = compile_host(tmp / "b", str(base / "include"), str(base), "bench_old")
         cases = {"matmul 2x2": ((2, 2, 2), 50_000), "matmul 1024x1024": ((1024, 1024, 1024), 3)}
         for label, (shape, calls) in cases.items():
             new, old = [], []

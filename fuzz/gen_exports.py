@@ -2,7 +2,7 @@
 
     python fuzz/gen_exports.py OUT.h
 
-Reads the same export tables as the library build (kina_fx/_native/build.py's
+Reads the same export tables as the library build (kina_fx/ffi/c/build.py's
 ``exports()``: every X(...) line of KINA_EXPORTS and the table files in
 EXPORT_TABLES), so an export added there is fuzzed without touching the
 fuzzer.  Every ``_mlir_ciface_runtime_*`` / ``runtime_*`` export (the memref
@@ -29,7 +29,7 @@ MEMREF = "kina_unranked_memref_t *"
 
 
 def native_build():
-    spec = importlib.util.spec_from_file_location("kina_fx_native_build", ROOT / "kina_fx/_native/build.py")
+    spec = importlib.util.spec_from_file_location("kina_fx_native_build", ROOT / "kina_fx/ffi/c/build.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

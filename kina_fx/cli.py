@@ -101,7 +101,7 @@ def _demo(argv: list[str]) -> int:
                   "install it with: pip install 'kina_fx[demo]' (or run kina-fx demo --quick)",
                   file=sys.stderr)
             return 1
-    from . import demo
+    from .demos import effects as demo
     # Pass the remaining arguments explicitly: demo.main parses argv itself,
     # and sys.argv still holds "demo".
     result = demo.main(argv)

@@ -30,7 +30,7 @@ else the exception class of that status with ``kina_last_error``'s text
 
 **Gradients.**  When an argument is a traced Tensor (inside ``ad.grad``,
 ``ad.vjp``, ``ad.jvp`` or a ``Tape``), the call runs under a
-:class:`~kina_fx.memory_tape.BufferTracer` that knows each argument's buffer
+:class:`~kina_fx.autograd.memory.BufferTracer` that knows each argument's buffer
 as its Tensor: the runtime ops the compiled code calls are computed by
 autograd's primitives and recorded by the live trace, and each output is
 returned as the Tensor its buffer holds.  A Tensor argument is passed as a
@@ -39,17 +39,18 @@ the Tensor (and what backward computes from it) as it was; plain arrays are
 passed as they are, and declared constant.  The tracer is strict by default: a
 floating buffer the compiled code computed without runtime calls (loops), or
 an output it did not produce with one, raises
-:class:`~kina_fx.memory_tape.TapeError` instead of yielding a wrong gradient.
+:class:`~kina_fx.autograd.memory.TapeError` instead of yielding a wrong gradient.
 """
 from __future__ import annotations
 
 import os
 
 from . import autograd as ad
-from . import ffi, memref
+from . import ffi
+from . import memref
 from .errors import exception_for
 from .gpu_ops import array_module
-from .memory_tape import BufferTracer
+from .autograd.memory import BufferTracer
 
 __all__ = ["load", "CompiledModule", "CompiledFunction"]
 

@@ -332,7 +332,7 @@ def _perform_py(effect, *args):
     scope handles ``effect`` and it has no ``default``.
 
     This is the reference implementation; ``perform`` is the compiled copy in
-    kina_fx/_native/speedups_perform.c when that was built (see the end of this module).
+    kina_fx/_speedups_c/perform.c when that was built (see the end of this module).
     """
     st = local.state
     f = st.current
@@ -527,7 +527,7 @@ class Continuation(Chain, data_type("ContinuationData", ("shallow",), base=Chain
         return f"<Continuation {kind} {'used' if self.top is None else 'ready'}>"
 
 
-# The reference resume; the compiled one (speedups_round_trip.c's rt_resume, a method
+# The reference resume; the compiled one (_speedups_c/round_trip.c's rt_resume, a method
 # descriptor) replaces it on the class unless KINA_FX_PURE_PYTHON=1.
 _resume_py = Continuation.resume
 _del_py = Continuation.__del__
@@ -691,7 +691,7 @@ class Stepper(data_type("StepperData", ("_handler", "_chain", "state", "effect",
 
 # --- the driver loop --------------------------------------------------------
 
-# fibers.switch_into, or its compiled copy (speedups_round_trip.c's rt_switch_into).
+# fibers.switch_into, or its compiled copy (_speedups_c/round_trip.c's rt_switch_into).
 _switch_into = fibers.switch_into
 
 
@@ -811,7 +811,7 @@ _drive_c = None
 
 
 def _drive_compiled(chain, send):
-    """_drive with its loop compiled (speedups_round_trip.c's rt_drive); replaces _drive.
+    """_drive with its loop compiled (_speedups_c/round_trip.c's rt_drive); replaces _drive.
 
     The clauses the C loop calls see this frame as their caller, so the tail
     check looks for this function's code instead of _drive_py's.
@@ -888,7 +888,7 @@ def bind_c_abi(clause_type, handler_type=None, answer_to_int64=None, report_erro
     handlers, host fibers driven) so that they run without entering Python.
 
     ``handler_type`` is the class of the handlers that kina_push_handler
-    pushes (kina_fx.ffi_effects.CHandler), ``clause_type`` that of their
+    pushes (kina_fx.ffi.effects.CHandler), ``clause_type`` that of their
     ``fun`` clauses (CClause); ``answer_to_int64(effect, value)`` converts a
     Python answer for C, ``report_error(exc)`` sets kina_last_error and
     returns the status.  Returns what the fast paths must be told about, which
@@ -911,7 +911,7 @@ def bind_c_abi(clause_type, handler_type=None, answer_to_int64=None, report_erro
     return _fiber_handle_mirror
 
 
-# kina_fx._speedups (kina_fx/_native/speedups_*.c, built by setup.py when a
+# kina_fx._speedups (kina_fx/_speedups_c/*.c, built by setup.py when a
 # compiler is available) has transcriptions of _perform_py and
 # _returns_straight_to_driver, several times faster, and of the round trip of
 # an ``on`` clause: _suspend_perform with fibers.post/suspend/_switch (inside

@@ -10,7 +10,7 @@ between (``next(map(lambda: k.resume(v), ...))``), which the frame chain cannot
 show.  Everything is computed once per code object; when in doubt the answer
 is "not a tail call", which is always correct (the resume nests).
 
-kina_fx/_native/speedups_tail.c has a compiled copy of :func:`returns_straight_to`
+kina_fx/_speedups_c/tail.c has a compiled copy of :func:`returns_straight_to`
 that uses :func:`tail_calls` and :func:`names_function` from here.
 """
 from __future__ import annotations

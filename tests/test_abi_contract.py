@@ -21,7 +21,7 @@ from contract_helpers import (ALLOC, COPY_DEV, COPY_HOST, FIBER_CANCELLED, FIBER
                               Fibers, c_perform, descriptor, last_error, push_returning, softmax_ref)
 
 from kina_fx import Effect, gpu_ops, memref, perform
-from kina_fx import ffi_effects
+from kina_fx.ffi import effects as ffi_effects
 from kina_fx.errors import (Cancelled, GpuError, InternalError, KinaTypeError, ResourceError,
                             Status, UnimplementedError, Unhandled, ValidationError,
                             exception_for, status_of)

@@ -14,7 +14,7 @@ import pytest
 from abi_helpers import build_fixture_library
 
 from kina_fx import Effect, Handler, KinaTypeError, ValidationError, perform
-from kina_fx import ffi_effects
+from kina_fx.ffi import effects as ffi_effects
 from kina_fx.errors import Status
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""kina_perform's C fast path (kina_fast_perform in kina_fx/_native/speedups_c_abi.c).
+"""kina_perform's C fast path (kina_fast_perform in kina_fx/_speedups_c/c_abi.c).
 
 A perform from C whose handlers are C handlers (kina_push_handler) is answered
 without entering Python: the compiled search calls the handlers' function
@@ -15,7 +15,7 @@ import os
 import pytest
 
 from kina_fx import Effect, Handler, Stepper, fibers, handlers, perform
-from kina_fx import ffi_effects
+from kina_fx.ffi import effects as ffi_effects
 from kina_fx.errors import Status
 
 try:
@@ -473,7 +473,7 @@ def test_deep_reentry_through_nested_handlers(mode, c):
             c.pop(h)
 
 
-# --- host fibers (kina_resume_fiber and the getters: speedups_c_fibers.c) -------------------
+# --- host fibers (kina_resume_fiber and the getters: _speedups_c/c_fibers.c) -------------------
 
 FIBER_NEW, FIBER_RUNNING, FIBER_SUSPENDED, FIBER_DONE, FIBER_FAILED, FIBER_CANCELLED = range(6)
 
@@ -644,7 +644,7 @@ def test_host_fiber_handles_of_another_thread(mode, host):
     assert host.lib.kina_fiber_destroy(f) == 0
 
 
-# --- C handlers called without the GIL (speedups_nogil.c): the skip marker --------------
+# --- C handlers called without the GIL (_speedups_c/nogil.c): the skip marker --------------
 #
 # A C handler found by kina_perform's search without the GIL runs under a
 # marker that is a C record until Python code of kina_fx runs on the thread;

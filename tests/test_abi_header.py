@@ -19,7 +19,7 @@ from kina_fx import ffi as kffi
 from kina_fx.errors import Status
 from kina_fx.memref import MAX_RANK
 
-NATIVE = Path(kffi.__file__).parent / "_native"
+NATIVE = Path(kffi.__file__).parent / "c"
 HEADER = (NATIVE / "kina_fx.h").read_text()
 
 

@@ -5,7 +5,7 @@ pytest.importorskip("sklearn")
 pytest.importorskip("matplotlib")
 pytest.importorskip("tqdm")
 
-from kina_fx import demo_mlp  # noqa: E402
+from kina_fx.demos import mlp as demo_mlp  # noqa: E402
 
 
 def test_demo_reaches_95_percent_and_writes_png(tmp_path, capsys):
@@ -21,7 +21,8 @@ def test_demo_reaches_95_percent_and_writes_png(tmp_path, capsys):
 @pytest.mark.integration
 def test_compiled_forward_demo_matches_the_python_one(tmp_path, capsys):
     """The MLIR-compiled forward + tape trains like the Python version (>= 95%)."""
-    from kina_fx import compiled, demo_compiled
+    from kina_fx import compiled
+    from kina_fx.demos import compiled as demo_compiled
 
     if compiled.missing_mlir_tools():
         pytest.skip(f"missing {compiled.missing_mlir_tools()}")

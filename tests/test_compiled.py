@@ -16,7 +16,7 @@ from abi_helpers import build_fixture_library
 from kina_fx import autograd as ad
 from kina_fx import compiled
 from kina_fx.errors import ValidationError
-from kina_fx.memory_tape import TapeError
+from kina_fx.autograd.memory import TapeError
 
 pytestmark = pytest.mark.integration
 HERE = Path(__file__).parent

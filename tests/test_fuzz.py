@@ -85,7 +85,7 @@ def test_the_fuzzer_table_has_every_memref_export():
     """fuzz/gen_exports.py fuzzes what the library exports: every memref
     export of the tables, no more, no less."""
     import gen_exports
-    sys.path.insert(0, str(ROOT / "kina_fx" / "_native"))
+    sys.path.insert(0, str(ROOT / "kina_fx" / "ffi" / "c"))
     native = gen_exports.native_build()
     memref_exports = {name for name, _py, params in native.exports()
                       if name.startswith(("_mlir_ciface_runtime_", "runtime_"))}

@@ -42,7 +42,7 @@ def test_generated_files_are_up_to_date():
 def test_every_row_is_exported_declared_and_differentiable():
     from kina_fx import ffi as kffi
 
-    header = (ROOT / "kina_fx" / "_native" / "kina_fx.h").read_text()
+    header = (ROOT / "kina_fx" / "ffi" / "c" / "kina_fx.h").read_text()
     for op in RUNTIME_OPS:
         assert f"int32_t {op.export}(" in header
         assert f"int32_t {op.export}(" in kffi.CDEF

@@ -1,4 +1,4 @@
-"""The compiled perform (kina_fx._speedups, kina_fx/_native/speedups_*.c) against
+"""The compiled perform (kina_fx._speedups, kina_fx/_speedups_c/*.c) against
 its reference, handlers._perform_py.
 
 The effects suite itself runs against whichever ``perform`` the import selected
@@ -58,7 +58,7 @@ def test_compiled_path_is_in_use():
     assert handlers.Continuation.resume is not handlers._resume_py
     assert handlers._returns_straight_to_driver is _speedups._returns_straight_to_driver
     # The C core owns the fields of the protocol's types (fibers.data_type).
-    from kina_fx import ffi_effects
+    from kina_fx.ffi import effects as ffi_effects
     for cls in (fibers.Fiber, fibers.ThreadState, fibers.Chain, handlers.Handler, handlers._Skip,
                 handlers._TailResume, handlers.Stepper, ffi_effects.CClause):
         assert cls.__base__.__module__ == "kina_fx._speedups", cls
@@ -69,7 +69,7 @@ def test_data_types_declare_the_fields_of_the_c_core():
     # Both layouts of each type have the same fields: what fibers.data_type
     # checks at import, here for every C type.
     code = ("import warnings; warnings.simplefilter('error'); "
-            "import kina_fx.ffi_effects, kina_fx.handlers as h; print(h.perform is h._perform_py)")
+            "import kina_fx.ffi.effects, kina_fx.handlers as h; print(h.perform is h._perform_py)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ("True" if PURE or _speedups is None else "False")

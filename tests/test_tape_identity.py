@@ -1,4 +1,4 @@
-"""The identity rule of tapes over memory (kina_fx.memory_tape.buffer_key, docs/autograd-abi.md).
+"""The identity rule of tapes over memory (kina_fx.autograd.memory.buffer_key, docs/autograd-abi.md).
 
 A Python caller's array and the runtime's view of the same memref must be the
 same tensor to a tape, whatever strides MLIR left on length-1 dimensions;
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kina_fx import memref
-from kina_fx.memory_tape import buffer_key
+from kina_fx.autograd.memory import buffer_key
 
 
 def runtime_view(array, dtype=np.float32):

@@ -30,7 +30,7 @@ if { [ -x "$VENV/bin/python" ] || "$PY" -m venv --system-site-packages "$VENV"; 
   echo "installed editable into $VENV" | tee -a "$OUTDIR/gpu_tests.txt"
 else
   echo "editable install failed (see install.log); building in place" | tee -a "$OUTDIR/gpu_tests.txt"
-  "$PY" kina_fx/_native/build.py kina_fx >>"$OUTDIR/install.log" 2>&1 || { echo "build failed"; tail -20 "$OUTDIR/install.log"; exit 1; }
+  "$PY" kina_fx/ffi/c/build.py kina_fx >>"$OUTDIR/install.log" 2>&1 || { echo "build failed"; tail -20 "$OUTDIR/install.log"; exit 1; }
   RUN="$PY"
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi

@@ -52,7 +52,7 @@ def test_tape_over_device_and_host_memory():
 
 @pytest.mark.skipif(bool(compiled.missing_mlir_tools()), reason="needs MLIR 19 tools")
 def test_grad_of_the_compiled_mlp_on_cupy(tmp_path):
-    from kina_fx import demo_compiled
+    from kina_fx.demos import compiled as demo_compiled
 
     so = compiled.compile_mlir(compiled.example_path("mlp.mlir"), str(tmp_path / "mlp.so"))
     f = compiled.load(so, demo_compiled.DECLARATION).function("_mlir_ciface_mlp_loss", outputs=1)

@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(GCC is None or BASH is None, reason="gcc and bash are needed")]
 
 # The native build inputs an sdist must carry (and every other tracked file of
-# kina_fx/_native, checked below): without them `pip install kina_fx-*.tar.gz` fails.
+# kina_fx/ffi/c and kina_fx/_speedups_c, checked below): without them `pip install kina_fx-*.tar.gz` fails.
 NATIVE_INPUTS = ("build.py", "kina_runtime.c", "kina_loader.c", "kina_fx.h",
                  "kina_effects_exports.h", "exports.map")
 
@@ -68,11 +68,14 @@ def _debian_python() -> str | None:
     return path if ok.returncode == 0 else None
 
 
+NATIVE_DIRS = ("kina_fx/ffi/c", "kina_fx/_speedups_c")
+
+
 def _tracked_native_files() -> list[str]:
-    out = subprocess.run(["git", "ls-files", "kina_fx/_native"], cwd=ROOT, capture_output=True,
+    out = subprocess.run(["git", "ls-files", *NATIVE_DIRS], cwd=ROOT, capture_output=True,
                          text=True)
     if out.returncode != 0:  # not a git checkout (e.g. tests run from the sdist)
-        return [str(p.relative_to(ROOT)) for p in (ROOT / "kina_fx" / "_native").iterdir()
+        return [str(p.relative_to(ROOT)) for d in NATIVE_DIRS for p in (ROOT / d).iterdir()
                 if p.suffix in (".c", ".h", ".py", ".map")]
     return out.stdout.split()
 
@@ -113,7 +116,7 @@ def test_sdist_has_every_native_input(dists):
     with tarfile.open(dists["sdist"]) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     for name in NATIVE_INPUTS:
-        assert f"kina_fx/_native/{name}" in names
+        assert f"kina_fx/ffi/c/{name}" in names
     missing = [f for f in _tracked_native_files() if f not in names]
     assert missing == []
     assert "LICENSE" in names and not any(n.endswith((".so", ".pyc")) for n in names)
@@ -124,7 +127,7 @@ def test_wheel_has_the_library_and_no_sources(dists):
     for name in ("kina_fx/libkina_fx.so", "kina_fx/_libkina_fx_cpython.so",
                  "kina_fx/include/kina_fx.h", "kina_fx/pkgconfig/kina_fx.pc", "kina_fx/py.typed"):
         assert name in names
-    assert not any(n.endswith((".c", ".map")) or "/_native/" in n for n in names)
+    assert not any(n.endswith((".c", ".map")) or "/ffi/c/" in n or "/_speedups_c/" in n for n in names)
     assert any(n.endswith("dist-info/licenses/LICENSE") for n in names)
     tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
     assert f"-{tag}-{tag}-" in dists["wheel"].name  # tied to this CPython minor version

@@ -83,7 +83,7 @@ int main(void)
     CHECK(kina_perform(E, &x, 1, &v) == 0 && v == 42);
     CHECK(kina_pop_handler(h) == 0);
 
-    CHECK(python_has_module("kina_fx.ffi_effects") == 1);   /* the probe works */
+    CHECK(python_has_module("kina_fx.ffi.effects") == 1);   /* the probe works */
     int numpy_before = python_has_module("numpy");
     CHECK(numpy_before == 0);
 

@@ -1,5 +1,5 @@
 /* kina_perform answered by C handlers from a pure C host: the path that
- * kina_fast_perform (kina_fx/_native/speedups_c_abi.c) takes without entering
+ * kina_fast_perform (kina_fx/_speedups_c/c_abi.c) takes without entering
  * Python.  Every check also holds on the Python path (KINA_FX_PURE_PYTHON=1,
  * which tests/hosts/c/test_fast_perform_host.py runs too).
  *

@@ -30,7 +30,7 @@ from abi_helpers import build_fixture_library
 from test_c_host import kina_fx_config, run_clean
 
 from kina_fx import Effect, Handler, KinaTypeError, ValidationError
-from kina_fx import ffi_effects
+from kina_fx.ffi import effects as ffi_effects
 from kina_fx.errors import Cancelled, InternalError, Status
 
 HERE = Path(__file__).parent

@@ -32,9 +32,10 @@ from mlir_tools import (compile_object, jit, kina_fx_config, link_shared_object,
                         skip_unless_tools)
 
 from kina_fx import autograd as ad
-from kina_fx import compiled, memory_tape
+from kina_fx import compiled
+from kina_fx.autograd import memory as memory_tape
 from kina_fx.errors import ValidationError
-from kina_fx.ffi_tapes import tape_handles
+from kina_fx.ffi.tapes import tape_handles
 
 HERE = Path(__file__).parent
 MLP_SOURCE = Path(compiled.example_path("mlp.mlir"))

@@ -1,7 +1,7 @@
 """Train the digits MLP with its forward pass in MLIR-compiled code and gradients from the tape.
 
-``python -m kina_fx.demo_compiled [--epochs N] [--out loss.png]``: the network,
-data, initialisation and optimiser of :mod:`kina_fx.demo_mlp`, but the loss is
+``python -m kina_fx.demos.compiled [--epochs N] [--out loss.png]``: the network,
+data, initialisation and optimiser of :mod:`kina_fx.demos.mlp`, but the loss is
 computed by ``examples/mlp.mlir`` compiled with mlir-opt-19 / mlir-translate-19 /
 clang-19 (every tensor op in it a runtime call).  ``ad.value_and_grad`` of a
 Python function that calls the compiled forward records the runtime ops the
@@ -19,8 +19,9 @@ import time
 
 import numpy as np
 
-from . import autograd as ad
-from . import compiled, demo_mlp
+from .. import autograd as ad
+from .. import compiled
+from . import mlp as demo_mlp
 
 _RANKED = "kina_memref_descriptor_t *"
 DECLARATION = f"int32_t _mlir_ciface_mlp_loss({', '.join([_RANKED] * 7)});"
@@ -82,7 +83,7 @@ def plot(results, path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="kina_fx.demo_compiled", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="kina_fx.demos.compiled", description=__doc__.split("\n")[0])
     parser.add_argument("--epochs", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=os.path.join("out", "compiled_mlp_loss.png"))

@@ -1,7 +1,7 @@
 """The memref allocator's callbacks (``runtime_gpu_alloc_unranked``, ``runtime_gpu_free_all``).
 
 The copy and compute exports' callbacks are built from the op table in
-:mod:`kina_fx.ffi_ops`.  Like the rest of the ffi layer this module only
+:mod:`kina_fx.ffi.ops`.  Like the rest of the ffi layer this module only
 translates: descriptors are read and written by :mod:`kina_fx.memref`, memory
 comes from :mod:`kina_fx.gpu_ops`.
 :mod:`kina_fx.ffi` binds these callbacks lazily: this module, and with it
@@ -10,7 +10,7 @@ that uses only the effects ABI never pays for them.
 """
 from __future__ import annotations
 
-from . import gpu_ops, memref
+from .. import gpu_ops, memref
 
 
 def kina_py_gpu_alloc_unranked(ptr, element_size):

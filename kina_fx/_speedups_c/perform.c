@@ -1,4 +1,4 @@
-/* speedups_perform.c: perform, compiled (kina_fx._speedups.perform).
+/* perform.c: perform, compiled (kina_fx._speedups.perform).
  *
  * ``perform`` is the effects runtime's hot path: every autograd primitive and
  * every tail-resumptive (``fun``) clause goes through it.  In pure Python the
@@ -23,14 +23,14 @@
  *   (handlers._remove_marker); a clause returning handlers.FORWARD declines:
  *   the search goes on below its handler.
  *
- * The ``on`` branch is rt_suspend (speedups_round_trip.c), the transcription
+ * The ``on`` branch is rt_suspend (round_trip.c), the transcription
  * of handlers._suspend_perform and the fibers.py switch it makes; in the
  * cases it does not transcribe it calls handlers._suspend_perform(effect,
  * args, found) with found = [base fiber, handler], a list the callee empties
  * (suspend_py below): like the Python frame, this C frame keeps no reference
  * to the fibers or the continuation while the chain is suspended (see the
  * comments in fibers.py).  The search (find_clause) is shared with the C ABI
- * fast path (speedups_c_abi.c).
+ * fast path (c_abi.c).
  *
  * One difference the C frame needs compensating for: the tail-resume check
  * (handlers._returns_straight_to_driver) walks Python frames only.  The Python
@@ -43,7 +43,7 @@
  * Python version does (tests/test_speedups.py has the case).
  *
  * Assumptions (checked once, in _bind): Fiber, ThreadState and _Skip derive
- * from the C core's data types (speedups_types.c, through fibers.data_type)
+ * from the C core's data types (types.c, through fibers.data_type)
  * without shadowing a field; the fields of instances of exactly those classes
  * are read and written as struct fields (others go through getattr).  Handler
  * entries may be any object: ``fun`` and ``on`` are read as fields only when
@@ -212,7 +212,7 @@ in_on(PyObject *h, PyObject *effect)
 PyObject *
 thread_state(void)
 {
-    if (kfx_thread_state != NULL)    /* this thread's (speedups_types.c keeps it) */
+    if (kfx_thread_state != NULL)    /* this thread's (types.c keeps it) */
         return Py_NewRef(kfx_thread_state);
     PyThreadState *ts = PyThreadState_Get();
     uint64_t tid = PyThreadState_GetID(ts);

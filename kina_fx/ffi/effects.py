@@ -20,10 +20,10 @@ from __future__ import annotations
 import threading
 import weakref
 
-from . import handlers
-from .errors import KinaTypeError, Status, ValidationError, exception_for
-from .fibers import data_type
-from .handlers import Effect, Handler, Stepper
+from .. import handlers
+from ..errors import KinaTypeError, Status, ValidationError, exception_for
+from ..fibers import data_type
+from ..handlers import Effect, Handler, Stepper
 
 _ffi = None   # the embedded module's ffi, set by attach()
 
@@ -207,7 +207,7 @@ class CClause(data_type("CClauseData", ("fn", "ctx", "effect", "effect_id", "fn_
     calls the C handler ``fn(ctx, effect.id, args, nargs, &out)`` in place.
 
     It is a class (not a closure) so that the compiled ``kina_perform`` fast
-    path (``kina_fast_perform`` in kina_fx/_native/speedups_c_abi.c) can recognise
+    path (``kina_fast_perform`` in kina_fx/_speedups_c/c_abi.c) can recognise
     it and call the C function itself, without entering Python: it reads
     ``fn_address``, ``ctx_address`` and ``effect_id``, and calls
     :meth:`_outcome` for what it does not answer in C (``KINA_SUSPEND``,
@@ -424,7 +424,7 @@ def kina_py_fiber_destroy(handle):
 CALLBACKS = {name: fn for name, fn in globals().items() if name.startswith("kina_py_")}
 
 
-# ---- the compiled kina_perform fast path (kina_fast_perform in speedups_c_abi.c) ----------
+# ---- the compiled kina_perform fast path (kina_fast_perform in _speedups_c/c_abi.c) ----------
 
 _onerror = None  # kina_fx.ffi's error hook, set by attach()
 _fast_paths = None  # what handlers.bind_c_abi returned (None: the fast paths are off)

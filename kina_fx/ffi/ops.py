@@ -5,17 +5,17 @@ callback built here for its row of :data:`kina_fx.runtime_ops.RUNTIME_OPS`.
 The callback only translates: memref descriptors become NumPy (CuPy) views,
 then it performs the op's effect with those views and the ``int32_t``
 parameters.  The effect's default runs the kernel; a tape answers it instead
-(:mod:`kina_fx.memory_tape`).  Exceptions become status codes in
+(:mod:`kina_fx.autograd.memory`).  Exceptions become status codes in
 :mod:`kina_fx.ffi`, which attaches these callbacks.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import gpu_ops, memref
-from .errors import ValidationError
-from .handlers import perform
-from .runtime_ops import RUNTIME_OPS
+from .. import gpu_ops, memref
+from ..errors import ValidationError
+from ..handlers import perform
+from ..runtime_ops import RUNTIME_OPS
 
 F32, F16, I64 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int64)
 

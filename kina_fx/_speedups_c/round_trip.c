@@ -1,4 +1,4 @@
-/* speedups_round_trip.c: an ``on`` perform + resume round trip, compiled.
+/* round_trip.c: an ``on`` perform + resume round trip, compiled.
  *
  * What it mirrors: handlers._suspend_perform with fibers.post / suspend /
  * _switch (rt_suspend), fibers.switch_into (rt_switch_into), the loop of

@@ -1,14 +1,14 @@
-/* speedups_c_fibers.c: the C ABI's host fibers without cffi (the fast paths
+/* c_fibers.c: the C ABI's host fibers without cffi (the fast paths
  * of kina_resume_fiber, kina_get_perform_id, kina_get_perform_args,
  * kina_fiber_state and kina_fiber_result; kina_fast_api.h).
  *
  * What it mirrors
  * ---------------
- * ffi_effects.kina_py_resume_fiber with handlers.Stepper._step for
+ * ffi.effects.kina_py_resume_fiber with handlers.Stepper._step for
  * ``step(value)`` (c_step below, line by line), and the kina_py_* getters of
- * ffi_effects.  A host fiber is a handlers.Stepper (kina_fiber_create makes
+ * ffi.effects.  A host fiber is a handlers.Stepper (kina_fiber_create makes
  * it, in Python) whose fields the C core owns (StepperData,
- * speedups_types.c); ffi_effects.fiber_handles tells this file about every
+ * types.c); ffi.effects.fiber_handles tells this file about every
  * handle it adds or removes (the mirror below), so a handle is found without
  * Python objects.
  *
@@ -18,14 +18,14 @@
  * Stepper's own code: cancel, a step from Python) makes that copy stale, and
  * the getters then decline.  kina_resume_fiber takes the GIL once, steps the
  * fiber in C and releases it.  Everything unusual declines before changing
- * anything, and ffi_effects does it (validation and error texts included):
+ * anything, and ffi.effects does it (validation and error texts included):
  * a handle that is not mirrored (made before the fast paths were bound), of
  * another thread, a fiber that is not new or suspended, NULL out-pointers...
  *
  * Threads.  A fiber belongs to one OS thread, the only one that may use or
- * free its handle (ffi_effects checks the owner before removing one).  A
+ * free its handle (ffi.effects checks the owner before removing one).  A
  * mirror slot holds the handle, the owner's thread token and a borrowed
- * pointer to the Stepper (ffi_effects.fiber_handles holds the reference);
+ * pointer to the Stepper (ffi.effects.fiber_handles holds the reference);
  * a reader takes the pointer only when the slot's handle and token are the
  * caller's and reads the handle again afterwards, so another thread's slot
  * being reused at the same time is never dereferenced.
@@ -43,7 +43,7 @@ PyObject *g_suspend_to_host;         /* handlers._SUSPEND_TO_HOST               
 static PyObject *g_cancelled;        /* errors.Cancelled                          */
 static PyObject *g_empty;            /* ()                                        */
 /* Stepper.NEW, RUNNING, SUSPENDED, DONE, FAILED, CANCELLED: their index is the
- * KINA_FIBER_* value (ffi_effects.FIBER_STATES). */
+ * KINA_FIBER_* value (ffi.effects.FIBER_STATES). */
 enum { ST_NEW, ST_RUNNING, ST_SUSPENDED, ST_DONE, ST_FAILED, ST_CANCELLED, N_STATES };
 static PyObject *g_states[N_STATES];
 
@@ -110,7 +110,7 @@ mirror_clear(mirror_slot *slot)
 }
 
 /* A C object with note / forget / forget_all: what handlers.bind_c_abi hands
- * ffi_effects for its fiber handle table. */
+ * ffi.effects for its fiber handle table. */
 typedef struct {
     PyObject_HEAD
 } KMirror;
@@ -132,7 +132,7 @@ mirror_note(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (slot != NULL)
             mirror_clear(slot);
         PyErr_Clear();
-        Py_RETURN_FALSE;              /* not mirrored: ffi_effects serves it */
+        Py_RETURN_FALSE;              /* not mirrored: ffi.effects serves it */
     }
     mirror_clear(slot);
     __atomic_store_n(&slot->stepper, s, __ATOMIC_RELEASE);
@@ -176,7 +176,7 @@ static PyMethodDef mirror_methods[] = {
     {"forget_all", mirror_forget_all, METH_NOARGS, "forget_all(): every handle was removed."},
     {"describe_c_handler", mirror_describe, METH_VARARGS,
      "describe_c_handler(handler, fn_address, ctx_address, effect_ids): what a C handler\n"
-     "calls, for kina_perform's search without the GIL (speedups_nogil.c)."},
+     "calls, for kina_perform's search without the GIL (nogil.c)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -185,7 +185,7 @@ static PyTypeObject KMirror_Type = {
     .tp_name = "kina_fx._speedups.FastPaths",
     .tp_basicsize = sizeof(KMirror),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "What the C ABI's fast paths know of ffi_effects' objects: which Stepper each\n"
+    .tp_doc = "What the C ABI's fast paths know of ffi.effects' objects: which Stepper each\n"
               "fiber handle is, and what each C handler calls.",
     .tp_methods = mirror_methods,
 };
@@ -263,7 +263,7 @@ cache_outcome(KStepper *s, int state)
             PyErr_Clear();
         }
         if (overflow || v <= 0 || v > INT32_MAX)
-            return;                  /* the getters decline: ffi_effects reports */
+            return;                  /* the getters decline: ffi.effects reports */
         s->effect_id = (int32_t)v;
         PyObject *args = s->args;
         if (PyTuple_CheckExact(args) && PyTuple_GET_SIZE(args) <= KFX_MAX_ARGS) {
@@ -452,7 +452,7 @@ fast_get_perform_args(uint64_t handle, int64_t *out_args, int32_t cap, int32_t *
     KStepper *s = bound() && out_nargs != NULL ? lookup(handle) : NULL;
     if (s == NULL || !s->c_valid || !s->args_ok || s->state != g_states[ST_SUSPENDED]
             || s->nargs > cap || (s->nargs > 0 && out_args == NULL))
-        return KINA_FAST_DECLINED;   /* ffi_effects reports what is wrong */
+        return KINA_FAST_DECLINED;   /* ffi.effects reports what is wrong */
     *out_nargs = s->nargs;
     for (int32_t k = 0; k < s->nargs; k++)
         out_args[k] = s->args_c[k];
@@ -483,8 +483,8 @@ fast_fiber_result(uint64_t handle, int64_t *out_value, int32_t *status)
     return KINA_FAST_DONE;
 }
 
-/* kina_perform: the search without the GIL (speedups_nogil.c), then, if it
- * stopped short, the rest with the GIL (speedups_c_abi.c). */
+/* kina_perform: the search without the GIL (nogil.c), then, if it
+ * stopped short, the rest with the GIL (c_abi.c). */
 static int fast_perform_counted(int32_t effect, const int64_t *args, int32_t nargs,
                                 int64_t *out_value, int32_t *status);
 

@@ -1,6 +1,6 @@
 """The Python side of the tape ABI (``kina_tape_*``, kina_tape_exports.h).
 
-Only translation: handles become :class:`kina_fx.memory_tape.MemoryTape`
+Only translation: handles become :class:`kina_fx.autograd.memory.MemoryTape`
 objects (generation-tagged, like fiber handles: a stale or freed handle is
 status 1), memref descriptors become views, ``KINA_DTYPE_*`` codes become
 dtypes.  :mod:`kina_fx.ffi` attaches these callbacks with its error
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import ValidationError
-from .ffi_effects import HandleTable
-from .ffi_ops import Operands
-from .memory_tape import MemoryTape, dtype_of_code
+from ..errors import ValidationError
+from .effects import HandleTable
+from .ops import Operands
+from ..autograd.memory import MemoryTape, dtype_of_code
 
 TAPE_KIND = 3
 KINA_TAPE_STRICT, KINA_TAPE_LENIENT = 0, 1

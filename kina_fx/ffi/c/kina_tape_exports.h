@@ -1,7 +1,7 @@
 /* The tape ABI's exports (autograd tapes over memrefs, docs/autograd-abi.md), in
  * the X(exported name, Python callback name, (parameters), (arguments)) form of
  * KINA_EXPORTS (kina_runtime.c).  Keep one entry per line: build.py parses
- * these lines.  Callbacks: kina_fx/ffi_tapes.py. */
+ * these lines.  Callbacks: kina_fx/ffi/tapes.py. */
 #define KINA_TAPE_EXPORTS(X) \
     X(kina_tape_begin, kina_py_tape_begin, (int32_t flags, kina_tape_t *out_tape), (flags, out_tape)) \
     X(kina_tape_watch, kina_py_tape_watch, (kina_tape_t tape, kina_unranked_memref_t *buffer, int32_t dtype), (tape, buffer, dtype)) \

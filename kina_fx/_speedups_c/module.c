@@ -1,4 +1,4 @@
-/* speedups_module.c: the kina_fx._speedups module.
+/* module.c: the kina_fx._speedups module.
  *
  * What it mirrors: the binding code at the end of kina_fx/handlers.py, which
  * hands this module the classes and functions it works with (_bind,
@@ -14,7 +14,7 @@ PyObject *s_fun, *s_on, *s_get, *s_default, *s_append, *s_outcome, *s_switch, *s
 
 /* ---- binding ------------------------------------------------------------------ */
 
-/* ``type`` is ``core`` (one of speedups_types.c's types) or a subclass in
+/* ``type`` is ``core`` (one of types.c's types) or a subclass in
  * which no descriptor shadows one of core's fields: C code may then read and
  * write those fields of type's instances directly.  0, or -1 with TypeError. */
 int
@@ -142,7 +142,7 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
     "kina_fx._speedups",
-    "Compiled fast path of kina_fx.handlers.perform (see kina_fx/_native/speedups.h).",
+    "Compiled fast path of kina_fx.handlers.perform (see kina_fx/_speedups_c/speedups.h).",
     -1,
     module_methods,
     NULL, NULL, NULL, NULL,

@@ -43,7 +43,7 @@
 
 #if !defined(KINA_PYTHON_MAJOR) || !defined(KINA_PYTHON_MINOR) || !defined(KINA_LIBPYTHON) \
     || !defined(KINA_MULTIARCH) || !defined(KINA_EMBEDDED_LIBRARY) || !defined(KINA_EDITABLE_PYTHON)
-#error "kina_loader.c is compiled by kina_fx/_native/build.py, which defines these"
+#error "kina_loader.c is compiled by kina_fx/ffi/c/build.py, which defines these"
 #endif
 
 #define KINA_ERROR_CAP 1024

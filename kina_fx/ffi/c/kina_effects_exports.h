@@ -1,6 +1,6 @@
 /* The effects C ABI's exports, in the X(exported name, Python callback name,
  * (parameters), (arguments)) form of KINA_EXPORTS (kina_runtime.c).  Keep one
- * entry per line: build.py parses these lines.  Callbacks: kina_fx/ffi_effects.py. */
+ * entry per line: build.py parses these lines.  Callbacks: kina_fx/ffi/effects.py. */
 #define KINA_EFFECT_EXPORTS(X) \
     X(kina_effect_id, kina_py_effect_id, (const char *name, int32_t *out_id), (name, out_id)) \
     X(kina_fiber_create, kina_py_fiber_create, (kina_fiber_fn entry, void *arg, const int32_t *catch_effects, int32_t ncatch, kina_fiber_t *out_fiber), (entry, arg, catch_effects, ncatch, out_fiber)) \
@@ -12,7 +12,7 @@
 /* Exports that try a C fast path before their callback (KINA_DEFINE_FAST_EXPORT
  * in kina_runtime.c calls kina__fast_<name> first; kina_fast_api.h): kina_perform
  * answered by C handlers or suspending to a host fiber, and the host fibers'
- * round trip, without entering Python (speedups_c_abi.c, speedups_c_fibers.c). */
+ * round trip, without entering Python (_speedups_c/c_abi.c, _speedups_c/c_fibers.c). */
 #define KINA_EFFECT_FAST_EXPORTS(X) \
     X(kina_perform, kina_py_perform, (int32_t effect, const int64_t *args, int32_t nargs, int64_t *out_value), (effect, args, nargs, out_value)) \
     X(kina_resume_fiber, kina_py_resume_fiber, (kina_fiber_t fiber, int64_t value, int32_t *out_state), (fiber, value, out_state)) \

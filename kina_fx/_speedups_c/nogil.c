@@ -1,14 +1,14 @@
-/* speedups_nogil.c: kina_perform answered by C handlers without the GIL.
+/* nogil.c: kina_perform answered by C handlers without the GIL.
  *
- * What it mirrors: the search of handlers._perform_py (speedups_perform.c's
- * find_clause) and the C call of ffi_effects.CClause, over what the C core
+ * What it mirrors: the search of handlers._perform_py (perform.c's
+ * find_clause) and the C call of ffi.effects.CClause, over what the C core
  * can read without the GIL: the running fiber (kfx_current), the handler
  * stacks (exact lists, read and never written here), C handler entries
- * (ffi_effects.CHandler, whose C part, KCHandler, is fixed when it is made)
+ * (ffi.effects.CHandler, whose C part, KCHandler, is fixed when it is made)
  * and _Skip markers (their fiber and C index).  The first time the search
  * meets anything else (a Python handler, a fiber's control handler, the end
- * of the chain) it stops and speedups_c_fibers.c goes on from there with the
- * GIL, as speedups_c_abi.c does.  So does a C handler's return code other
+ * of the chain) it stops and c_fibers.c goes on from there with the
+ * GIL, as c_abi.c does.  So does a C handler's return code other
  * than KINA_HANDLED / KINA_FORWARD: CClause._outcome runs, with the GIL.
  *
  * Why this is safe without the GIL: a fiber's handler stack is written only
@@ -40,7 +40,7 @@
 
 #include <errno.h>
 
-PyTypeObject *g_chandler_t;          /* ffi_effects.CHandler (bound by _bind_c_abi) */
+PyTypeObject *g_chandler_t;          /* ffi.effects.CHandler (bound by _bind_c_abi) */
 
 #define C_HANDLED 0
 #define C_FORWARD (-1)
@@ -339,7 +339,7 @@ gil:
 }
 
 /* FastPaths.describe_c_handler(handler, fn_address, ctx_address, effect_ids):
- * record what a C handler (ffi_effects.CHandler) calls, once.  False when it
+ * record what a C handler (ffi.effects.CHandler) calls, once.  False when it
  * cannot be described (more than 8 effects): it is then found with the GIL. */
 PyObject *
 kfx_describe_c_handler(PyObject *args)

@@ -1,8 +1,8 @@
-/* speedups_types.c: the data of the protocol's types, owned by C.
+/* types.c: the data of the protocol's types, owned by C.
  *
  * What it mirrors: the __slots__ of kina_fx/fibers.py (Fiber, ThreadState,
  * Chain) and kina_fx/handlers.py (Handler, _Skip, _TailResume, the fields a
- * Continuation adds to a Chain, Stepper) and kina_fx/ffi_effects.py (CClause,
+ * Continuation adds to a Chain, Stepper) and kina_fx/ffi/effects.py (CClause,
  * CHandler).  With kina_fx._speedups in use,
  * fibers.data_type(name, fields) returns the type of that name defined here
  * and the Python class derives from it, adding methods only; without it, the
@@ -222,7 +222,7 @@ skip_set_index(PyObject *self, PyObject *value, void *c)
 static PyGetSetDef skip_getset[] = {{"index", skip_get_index, skip_set_index, NULL, NULL}, {NULL}};
 
 /* Stepper.state: any write (the Python Stepper's own code) makes the C copy
- * of the pending perform stale; only the C step (speedups_c_fibers.c)
+ * of the pending perform stale; only the C step (c_fibers.c)
  * writes the field directly and validates its copy. */
 static PyObject *stepper_get_state(PyObject *self, void *c) { return field_get(((KStepper *)self)->state, "state"); }
 
@@ -255,7 +255,7 @@ static PyGetSetDef stepper_getset[] = {
         .tp_basicsize = sizeof(ctype),                                                       \
         .tp_dealloc = kfx_data_dealloc,                                                      \
         .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,            \
-        .tp_doc = "The fields of a kina_fx type (kina_fx._speedups owns them: speedups_types.c).", \
+        .tp_doc = "The fields of a kina_fx type (kina_fx._speedups owns them: types.c).", \
         .tp_traverse = data_traverse,                                                        \
         .tp_clear = data_clear,                                                              \
         .tp_weaklistoffset = (weak),                                                         \
@@ -272,7 +272,7 @@ static PyGetSetDef stepper_getset[] = {
         .tp_basicsize = sizeof(ctype),                                                       \
         .tp_dealloc = kfx_data_dealloc,                                                      \
         .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,            \
-        .tp_doc = "The fields of a kina_fx type (kina_fx._speedups owns them: speedups_types.c).", \
+        .tp_doc = "The fields of a kina_fx type (kina_fx._speedups owns them: types.c).", \
         .tp_traverse = data_traverse,                                                        \
         .tp_clear = data_clear,                                                              \
         .tp_weaklistoffset = (weak),                                                         \
@@ -304,7 +304,7 @@ static PyTypeObject *const data_types[] = {
 int
 kfx_add_data_types(PyObject *module)
 {
-    KContinuation_Type.tp_finalize = kfx_continuation_finalize;   /* speedups_round_trip.c */
+    KContinuation_Type.tp_finalize = kfx_continuation_finalize;   /* round_trip.c */
     for (PyTypeObject *const *t = data_types; *t != NULL; t++) {
         if (PyType_Ready(*t) < 0)
             return -1;

@@ -1,4 +1,4 @@
-/* speedups_tail.c: the tail-resume check, compiled.
+/* tail.c: the tail-resume check, compiled.
  *
  * What it mirrors: handlers._returns_straight_to_driver (kept as
  * handlers._returns_straight_to_driver_py) over kina_fx/tailcalls.py: is the

@@ -5,15 +5,15 @@
  * stay the readable reference (and what runs under KINA_FX_PURE_PYTHON=1).
  * One file per concern, each saying which Python it transcribes:
  *
- *   speedups_perform.c     perform: the handler-stack search, fun clauses and
+ *   perform.c     perform: the handler-stack search, fun clauses and
  *                          their skip markers (handlers._perform_py)
- *   speedups_c_abi.c       kina_perform from C answered by C handlers
- *                          (ffi_effects.kina_py_perform + CClause)
- *   speedups_tail.c        the tail-resume check
+ *   c_abi.c       kina_perform from C answered by C handlers
+ *                          (ffi.effects.kina_py_perform + CClause)
+ *   tail.c        the tail-resume check
  *                          (handlers._returns_straight_to_driver)
- *   speedups_round_trip.c  an ``on`` perform + resume: suspend, switch_into,
+ *   round_trip.c  an ``on`` perform + resume: suspend, switch_into,
  *                          the driver loop, Continuation.resume / __del__
- *   speedups_module.c      the module: binding (what handlers.py hands over at
+ *   module.c      the module: binding (what handlers.py hands over at
  *                          import), the method table, the _C_API capsule
  *
  * The module state is process-global and the GIL protects it (one
@@ -37,7 +37,7 @@
  * __tls_get_addr call per access; a few bytes of the static TLS block). */
 #define KFX_TLS __thread __attribute__((tls_model("initial-exec")))
 
-/* ---- the protocol's data (speedups_types.c) ---------------------------------- *
+/* ---- the protocol's data (types.c) ---------------------------------- *
  * Field order matters: a type's PyObject * fields follow the head (and its
  * base's fields) without gaps; the weak reference list, if any, comes last. */
 
@@ -86,7 +86,7 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     PyObject *handler, *chain, *state, *effect, *args, *result, *error, *thread;
-    /* C-only (speedups_c_fibers.c): the pending perform and the result as C
+    /* C-only (c_fibers.c): the pending perform and the result as C
      * values, for the C ABI's paths that run without the GIL; valid while
      * c_valid (any write of ``state`` from Python clears it). */
     int c_valid;
@@ -99,8 +99,8 @@ typedef struct {
     int64_t thread_serial;              /* ``thread`` as a C value (0: none) */
 } KStepper;
 
-/* ffi_effects.CHandler: a C handler on a handler stack.  The C-only part is
- * what the search without the GIL reads (speedups_nogil.c): set once by
+/* ffi.effects.CHandler: a C handler on a handler stack.  The C-only part is
+ * what the search without the GIL reads (nogil.c): set once by
  * describe_c_handler, never changed. */
 #define KFX_HANDLER_EFFECTS 8
 
@@ -130,7 +130,7 @@ extern KFX_TLS KFiber *kfx_current;
 /* st.current = fiber (fiber borrowed), keeping kfx_current in step. */
 void kfx_set_current(PyObject *st, PyObject *fiber);
 
-/* ffi_effects.CClause: the fun clause of a C handler. */
+/* ffi.effects.CClause: the fun clause of a C handler. */
 typedef struct {
     PyObject_HEAD
     PyObject *fn, *ctx, *effect, *effect_id, *fn_address, *ctx_address, *buffers;
@@ -142,7 +142,7 @@ extern PyTypeObject KFiber_Type, KThreadState_Type, KChain_Type, KContinuation_T
 void kfx_data_dealloc(PyObject *self);
 int kfx_add_data_types(PyObject *module);
 
-/* ---- bound by _bind() (speedups_module.c) ---------------------------------- */
+/* ---- bound by _bind() (module.c) ---------------------------------- */
 
 extern PyObject *g_local;          /* fibers.local (a threading.local)          */
 extern PyTypeObject *g_fiber_t;    /* fibers.Fiber                              */
@@ -188,7 +188,7 @@ extern PyObject *s_state, *s_current, *s_stack, *s_handler, *s_parent, *s_fiber,
 extern PyObject *s_fun, *s_on, *s_get, *s_default, *s_append, *s_outcome, *s_switch,
                 *s_ret, *s_exc, *s_id;
 
-/* speedups_perform.c: the per-thread state cache and the marker cache, reset
+/* perform.c: the per-thread state cache and the marker cache, reset
  * by _bind. */
 extern PyObject *state_key;
 extern uint64_t cached_tid;
@@ -262,7 +262,7 @@ exc_restore(PyObject *exc)          /* NULL: nothing to restore (as 3.12's) */
 #endif
 
 
-/* ---- speedups_perform.c ------------------------------------------------------ */
+/* ---- perform.c ------------------------------------------------------ */
 
 /* What find_clause found. */
 enum { FOUND_NONE = 0, FOUND_FUN = 1, FOUND_ON = 2 };
@@ -281,7 +281,7 @@ PyObject *perform_at(PyObject *st, PyObject *f, Py_ssize_t i, PyObject *effect,
                      PyObject *const *cargs, Py_ssize_t n);
 extern PyMethodDef kfx_perform_methods[];
 
-/* ---- speedups_c_abi.c ---------------------------------------------------------- */
+/* ---- c_abi.c ---------------------------------------------------------- */
 
 /* Call with the GIL held; errno after the last C handler goes to *errno_out. */
 int kina_fast_perform(int32_t effect_id, const int64_t *c_args, int32_t nargs, int64_t *out,
@@ -289,11 +289,11 @@ int kina_fast_perform(int32_t effect_id, const int64_t *c_args, int32_t nargs, i
 /* The exception being raised as a status, with kina_last_error set (through
  * kina_fx.ffi's onerror hook); clears it. */
 int32_t kfx_report_exception(void);
-extern PyTypeObject *g_cclause_t;  /* ffi_effects.CClause (NULL: the C ABI fast paths are off) */
+extern PyTypeObject *g_cclause_t;  /* ffi.effects.CClause (NULL: the C ABI fast paths are off) */
 extern KFX_TLS PyObject *kfx_hint_effect;
 extern KFX_TLS int32_t kfx_hint_effect_id;
 
-/* ---- speedups_nogil.c ------------------------------------------------------------ */
+/* ---- nogil.c ------------------------------------------------------------ */
 
 /* Where kfx_nogil_perform stopped, for the rest of the perform with the GIL. */
 typedef struct {
@@ -321,13 +321,13 @@ int kfx_pop_materialized(uint64_t token);
 void kfx_prepare_for_python(void);
 PyObject *kfx_describe_c_handler(PyObject *args);
 
-/* speedups_c_abi.c: the rest of a perform after kfx_nogil_perform, with the GIL. */
+/* c_abi.c: the rest of a perform after kfx_nogil_perform, with the GIL. */
 int kfx_perform_after_nogil(int32_t effect_id, int32_t nargs, int64_t *out, int32_t *status,
                             int *errno_out, const kfx_nogil_state *ns, int pop_only);
-/* speedups_perform.c: ``h.fun.get(effect)`` (1 with *clause, 0, -1). */
+/* perform.c: ``h.fun.get(effect)`` (1 with *clause, 0, -1). */
 int kfx_find_fun(PyObject *h, PyObject *effect, PyObject **clause);
 
-/* ---- speedups_c_fibers.c --------------------------------------------------------- */
+/* ---- c_fibers.c --------------------------------------------------------- */
 
 extern PyTypeObject *g_stepper_t, *g_catch_t;
 extern PyObject *g_suspend_to_host;
@@ -335,12 +335,12 @@ extern PyMethodDef kfx_c_fibers_methods[];
 extern const kina_fast_api kfx_fast_api;     /* the capsule _C_API points to it */
 extern PyMethodDef kfx_c_abi_methods[];
 
-/* ---- speedups_tail.c ----------------------------------------------------------- */
+/* ---- tail.c ----------------------------------------------------------- */
 
 int straight_to_driver(PyObject *frame);
 extern PyMethodDef kfx_tail_methods[];
 
-/* ---- speedups_round_trip.c ------------------------------------------------------ */
+/* ---- round_trip.c ------------------------------------------------------ */
 
 PyObject *rt_suspend(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, PyObject *h);
 PyObject *rt_switch_into(PyObject *chain, PyObject *send);
@@ -353,7 +353,7 @@ extern PyTypeObject *g_chain_t, *g_cont_t;
 extern PyObject *g_performed, *g_returned, *g_raised;
 extern PyMethodDef kfx_round_trip_methods[];
 
-/* ---- speedups_module.c ---------------------------------------------------------- */
+/* ---- module.c ---------------------------------------------------------- */
 
 int check_data_type(PyObject *type, PyTypeObject *core, const char *what);
 int check_type(PyObject *obj, const char *what);

@@ -34,7 +34,7 @@ typedef struct {
     int (*fiber_state)(uint64_t fiber, int32_t *out_state, int32_t *status);
     int (*fiber_result)(uint64_t fiber, int64_t *out_value, int32_t *status);
     /* Called by every export before its extern "Python" path: a C handler
-     * called without the GIL may be calling back (speedups_nogil.c). */
+     * called without the GIL may be calling back (nogil.c). */
     void (*prepare)(void);
 } kina_fast_api;
 

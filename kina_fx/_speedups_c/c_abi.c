@@ -1,10 +1,10 @@
-/* speedups_c_abi.c: kina_perform from C with the GIL (the part of its fast
- * path that speedups_nogil.c cannot do without it; kina_fast_api.h).
+/* c_abi.c: kina_perform from C with the GIL (the part of its fast
+ * path that nogil.c cannot do without it; kina_fast_api.h).
  *
- * What it mirrors: ffi_effects.kina_py_perform (argument reading, answer
- * conversion, error reporting) with ffi_effects.CClause.__call__ (the C call)
+ * What it mirrors: ffi.effects.kina_py_perform (argument reading, answer
+ * conversion, error reporting) with ffi.effects.CClause.__call__ (the C call)
  * and CClause._outcome (what a return code other than HANDLED / FORWARD
- * means), over the search of speedups_perform.c (handlers._perform_py).
+ * means), over the search of perform.c (handlers._perform_py).
  */
 #include "speedups.h"
 #include "kina_fast_api.h"
@@ -13,11 +13,11 @@
 
 /* ---- kina_perform from C, with the GIL ---------------------------------------- *
  *
- * speedups_c_fibers.c's fast path of kina_perform tries the search without the
- * GIL first (speedups_nogil.c); where it stops, it takes the GIL and calls
+ * c_fibers.c's fast path of kina_perform tries the search without the
+ * GIL first (nogil.c); where it stops, it takes the GIL and calls
  * kfx_perform_after_nogil (or, if it could not even start, kina_fast_perform,
  * from the top of the running fiber's stack).  Both run perform_loop: the
- * search of perform_at, in which a clause that is an ffi_effects.CClause (the
+ * search of perform_at, in which a clause that is an ffi.effects.CClause (the
  * clause of a kina_push_handler handler) is called right here:
  *
  *   _Skip(f, i) pushed; fn(ctx, effect_id, args, nargs, &answer) called with
@@ -27,18 +27,18 @@
  *   anything else: CClause._outcome(rc, answer, args), the Python clause's own
  *   code (suspend_to_host for KINA_SUSPEND, exception_for for a status), is
  *   called before the marker is removed, as inside the Python clause
- *   (after_c_call, which also finishes the calls speedups_nogil.c made).
+ *   (after_c_call, which also finishes the calls nogil.c made).
  *
  * Anything else the search finds (a Python ``fun`` clause, an ``on`` clause,
  * nothing) is done as handlers.perform does it for kina_py_perform: the
  * arguments were validated as kina_py_perform validates them (invalid ones
  * decline before anything is read), a value is converted as it converts it
- * (exact int64 here, any other through ffi_effects._answer_to_int64) and an
+ * (exact int64 here, any other through ffi.effects._answer_to_int64) and an
  * exception becomes a status and kina_last_error through
- * ffi_effects._report_error (kina_fx.ffi._onerror, cffi's hook for the
+ * ffi.effects._report_error (kina_fx.ffi._onerror, cffi's hook for the
  * Python path).  Only an exception during the search before any C handler
  * ran declines (the Python path meets it again and reports it).  Bound by
- * ffi_effects (_bind_c_abi) only when this compiled perform is the one in
+ * ffi.effects (_bind_c_abi) only when this compiled perform is the one in
  * use. */
 
 
@@ -52,13 +52,13 @@ typedef int32_t (*c_handler_fn)(void *ctx, int32_t effect, const int64_t *args,
 PyTypeObject *g_cclause_t;
 
 /* The effect (an interned handlers.Effect) and id of this thread's last
- * kina_perform that suspended: c_step (speedups_c_fibers.c) reads the id
+ * kina_perform that suspended: c_step (c_fibers.c) reads the id
  * from here instead of ``effect.id`` when it is that effect. */
 KFX_TLS PyObject *kfx_hint_effect;
 KFX_TLS int32_t kfx_hint_effect_id;
 static PyObject *g_effects_by_id;  /* handlers.Effect._by_id                    */
-static PyObject *g_answer_fn;      /* ffi_effects._answer_to_int64              */
-static PyObject *g_report_fn;      /* ffi_effects._report_error                 */
+static PyObject *g_answer_fn;      /* ffi.effects._answer_to_int64              */
+static PyObject *g_report_fn;      /* ffi.effects._report_error                 */
 
 /* An int slot of a CClause as a C value; 0 when unset or out of range. */
 static int
@@ -162,7 +162,7 @@ static int perform_loop(PyObject *st, PyObject *f, Py_ssize_t i, PyObject *effec
 /* What is left of a C handler's call once it returned rc / answer: the
  * clause's own code for rc other than HANDLED and FORWARD (CClause._outcome,
  * inside the marker), then the marker off (``skip``, pushed by perform_loop,
- * or the materialized marker ``token`` of speedups_nogil.c), as
+ * or the materialized marker ``token`` of nogil.c), as
  * CClause.__call__ and handlers._run_fun_clause do.  KINA_FAST_DONE with
  * *status set, or 0 with *go_on: the handler declined (search on below it). */
 static int
@@ -288,7 +288,7 @@ kina_fast_perform(int32_t effect_id, const int64_t *c_args, int32_t nargs, int64
     return done;
 }
 
-/* kina_perform with the GIL where speedups_nogil.c stopped (ns): the rest of
+/* kina_perform with the GIL where nogil.c stopped (ns): the rest of
  * the call of the C handler it called (its outcome with ``outcome``, its
  * materialized marker off with ``pop_only``), and / or the search on from
  * (ns->f, ns->i).  The caller holds the GIL and has materialized the pending
@@ -479,7 +479,7 @@ error:
 
 PyDoc_STRVAR(bind_c_abi_doc,
 "_bind_c_abi(CClause, CHandler, effects_by_id, answer_to_int64, report_error)\n--\n\n"
-"Called by kina_fx.ffi_effects: enables kina_fast_perform (the C fast path of\n"
+"Called by kina_fx.ffi.effects: enables kina_fast_perform (the C fast path of\n"
 "libkina_fx.so's kina_perform for C handlers); _bind_c_abi(None) disables it.");
 
 static PyObject *

@@ -1,5 +1,5 @@
 /* The C part of _libkina_fx_cpython.so: the exported wrappers, the Python
- * start-up guard and kina_last_error.  cffi compiles this file (kina_fx/_native/
+ * start-up guard and kina_last_error.  cffi compiles this file (kina_fx/ffi/c/
  * build.py passes it to set_source) after its own prelude, so Python.h is
  * included.  Hosts link libkina_fx.so (kina_loader.c), which loads libpython
  * and this library and forwards every export here.
@@ -16,7 +16,7 @@
  * in KINA_EXPORTS below (kina_tape_exports.h for the tape ABI,
  * kina_effects_exports.h for the effects ABI), its prototype in kina_fx.h, and
  * a function of the same Python name in kina_fx/ffi.py (ffi_tapes.py,
- * ffi_effects.py).
+ * ffi.effects.py).
  * build.py reads KINA_EXPORTS to declare the `extern "Python"` functions.
  *
  * Nothing here keeps a pointer into a caller's stack beyond one call: hosts may
@@ -344,7 +344,7 @@ static int kina__fast_kina_fiber_result(kina_fiber_t fiber, int64_t *out_value, 
 
 /* Before an extern "Python" callback: a C handler that the fast paths called
  * without the GIL may be calling back; its skip marker must be in place
- * before Python code looks at the handler stack (speedups_nogil.c). */
+ * before Python code looks at the handler stack (_speedups_c/nogil.c). */
 static inline void kina__before_python(void)
 {
     const kina_fast_api *api = kina__fast();

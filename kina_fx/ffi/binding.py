@@ -1,6 +1,6 @@
 """The Python side of libkina_fx.so's C exports: binding the callbacks, error translation.
 
-libkina_fx.so (built from ``kina_fx/_native``) exports hand-written C wrappers;
+libkina_fx.so (built from ``kina_fx/ffi/c``) exports hand-written C wrappers;
 each starts Python if needed and calls a static ``extern "Python"`` callback.
 :func:`attach` runs inside the library's embedded module at start-up and binds
 every callback to the function of the same name in one of the callback modules
@@ -9,11 +9,11 @@ an exception becomes its status code (:func:`kina_fx.errors.status_of`) and its
 message goes to the thread-local ``kina_last_error``.  Nothing unwinds into C
 and nothing is printed.
 
-The ffi layer only translates between C and Python: :mod:`kina_fx.ffi_effects`
-for the effects ABI, :mod:`kina_fx.ffi_memref` for the memref allocator,
-:mod:`kina_fx.ffi_ops` for the copy and compute exports (one callback per row of
+The ffi layer only translates between C and Python: :mod:`kina_fx.ffi.effects`
+for the effects ABI, :mod:`kina_fx.ffi.alloc` for the memref allocator,
+:mod:`kina_fx.ffi.ops` for the copy and compute exports (one callback per row of
 the runtime op table; descriptors become arrays in :mod:`kina_fx.memref`, the
-ops run in :mod:`kina_fx.gpu_ops`) and :mod:`kina_fx.ffi_tapes` for the tape ABI.
+ops run in :mod:`kina_fx.gpu_ops`) and :mod:`kina_fx.ffi.tapes` for the tape ABI.
 
 :func:`load_library` opens the built library from Python (ABI mode), as the
 in-process tests and benchmarks do.
@@ -25,7 +25,7 @@ import os
 import threading
 from typing import Any, Tuple
 
-from .errors import GpuError, InternalError, Status, status_of
+from ..errors import GpuError, InternalError, Status, status_of
 
 _lib = None  # the embedded module's lib, once attached
 
@@ -35,10 +35,10 @@ _lib = None  # the embedded module's lib, once attached
 # so that a host using only the effects ABI never imports NumPy (the memref
 # runtime's modules do).  A new group of exports adds its module here.
 CALLBACK_MODULES = {
-    "kina_fx.ffi_effects": "eager",
-    "kina_fx.ffi_memref": "lazy",
-    "kina_fx.ffi_ops": "lazy",
-    "kina_fx.ffi_tapes": "lazy",
+    "kina_fx.ffi.effects": "eager",
+    "kina_fx.ffi.alloc": "lazy",
+    "kina_fx.ffi.ops": "lazy",
+    "kina_fx.ffi.tapes": "lazy",
 }
 
 
@@ -76,7 +76,7 @@ def take_last_exception(status: int) -> BaseException | None:
     """The exception behind the last failed export on this thread, if it gave ``status``.
 
     For Python code that called compiled code, which called the library: it
-    re-raises the original exception (a :class:`kina_fx.memory_tape.TapeError`,
+    re-raises the original exception (a :class:`kina_fx.autograd.memory.TapeError`,
     say) rather than the generic class of its status.  Taken once."""
     failure = getattr(_last, "failure", None)
     _last.failure = None
@@ -187,7 +187,7 @@ def cdef() -> str:
 
     Built on first use: the op exports' declarations come from the op table,
     whose modules import NumPy."""
-    from . import ffi_ops, ffi_tapes
+    from . import ops as ffi_ops, tapes as ffi_tapes
 
     return _BASE_CDEF + ffi_ops.cdef() + ffi_tapes.CDEF
 
@@ -202,14 +202,17 @@ _loaded = None
 _load_lock = threading.Lock()
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def library_path() -> str:
-    """Where the installed libkina_fx.so is (next to this module)."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "libkina_fx.so")
+    """Where the installed libkina_fx.so is (in the kina_fx package directory)."""
+    return os.path.join(_PACKAGE_DIR, "libkina_fx.so")
 
 
 def header_dir() -> str:
     """The directory holding the installed kina_fx.h."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
+    return os.path.join(_PACKAGE_DIR, "include")
 
 
 def load_library() -> Tuple[Any, Any]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from collections import deque
 
-from . import Effect, Handler, perform
+from .. import Effect, Handler, perform
 
 Fork = Effect("demo.fork")
 Yield = Effect("demo.yield")
@@ -132,13 +132,13 @@ def main(argv=None) -> int:
     if not args.quick:
         print("\n== 3. autograd on effects: an MLP on scikit-learn's digits ==")
         try:
-            from . import demo_mlp
+            from . import mlp as demo_mlp
         except ImportError as exc:      # the autograd demo needs the 'demo' extra
             print(f"  skipped: {exc}")
         else:
             demo_mlp.main([])
             print("\n== 4. differentiable compiled code: the same MLP, forward pass in MLIR ==")
-            from . import demo_compiled
+            from . import compiled as demo_compiled
             demo_compiled.main([])
     return 0
 

@@ -1,0 +1,389 @@
+"""Autograd tapes over memory: runtime ops recorded by the buffers they touch.
+
+Compiled code (MLIR, C) does not hand kina_fx Tensors; it calls the runtime's
+exports on memrefs.  Each export performs its op's effect
+(:mod:`kina_fx.runtime_ops`) with NumPy/CuPy views of the caller's buffers.  A
+:class:`BufferTracer` is a handler of those effects: it maps each buffer to the
+:class:`kina_fx.autograd.Tensor` it holds, computes the op with autograd's
+primitive (so whatever autograd trace is live -- a ``grad``, a ``jvp``, a
+:class:`~kina_fx.autograd.Tape` -- records it), writes the value into the
+output buffer, and remembers that the output buffer now holds the result.
+
+**Identity.**  A buffer is identified by its memref: the address of its first
+element (``aligned + offset * itemsize``), its sizes, its strides and its
+element type (:func:`buffer_key`; the stride of a length-1 dimension does not
+count).  Two memrefs that differ in any of these (a subview, a reshaped alias)
+are different tensors to a tape.
+
+**Copies and overwrites.**  The tracer keeps the value of every buffer it
+knows (autograd keeps what backward needs), so the host may reuse memory.  A
+buffer that no longer holds the recorded value when a recorded op reads it, or
+when backward starts from it, raises :class:`TapeError`: the host (or MLIR code
+outside the runtime) wrote it after it was recorded, and using the recorded
+value would differentiate something other than what ran.
+
+**Strict mode** (the default): a floating input the tracer cannot account for
+-- not produced by a recorded op, not watched, not declared constant -- raises
+:class:`TapeError`.  Ops that compiled code performs itself (``linalg`` or
+``scf`` loops) are invisible to a tape; strict mode turns such a gap into an
+error instead of a gradient that silently treats the buffer as a constant.
+Lenient mode treats unknown buffers as constants.  Integer inputs (labels,
+indices, permutations) are never differentiable and are always constants.
+
+:class:`MemoryTape` is a tracer with its own autograd tape: the object behind
+the ``kina_tape_*`` C functions (:mod:`kina_fx.ffi.tapes`).  Tapes nest: a
+tracer begun while another records on the same fiber looks up buffers it does
+not know in the outer one, and registers what it produces there too, so a
+backward pass recorded by an outer tape gives higher-order derivatives.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import autograd as ad
+from .. import fibers, memref
+from ..errors import KinaTypeError, ValidationError
+from ..gpu_ops import array_module
+from ..handlers import Effect, Handler, perform
+from ..runtime_ops import RUNTIME_OPS
+
+__all__ = ["TapeError", "BufferTracer", "MemoryTape", "buffer_key", "current_tracer"]
+
+
+class TapeError(ValidationError):
+    """A tape cannot vouch for a buffer: unknown in strict mode, or overwritten after recording."""
+
+
+#: Answered by the innermost live tracer of the running fiber (None outside any).
+CURRENT_TRACER = Effect("kina.tape.current")
+CURRENT_TRACER.default = lambda: None
+
+
+def current_tracer() -> "BufferTracer | None":
+    """The innermost :class:`BufferTracer` recording on the running fiber, or None."""
+    return perform(CURRENT_TRACER)
+
+
+def buffer_key(array) -> tuple:
+    """The identity of the tensor a buffer holds: (data address, shape, strides in elements, dtype)."""
+    return memref.identity(array)
+
+
+def describe(array) -> str:
+    """A buffer as messages name it."""
+    address, shape, strides, dtype = buffer_key(array)
+    return f"buffer at {address:#x} (shape {list(shape)}, strides {list(strides)}, {np.dtype(dtype).name})"
+
+
+def _raw(value):
+    """The array under every level of Tensor wrapping."""
+    return value.data if isinstance(value, ad.Tensor) else value
+
+
+_SAME_SIZE_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _unchanged(current, recorded) -> bool:
+    """Whether ``current`` holds exactly the recorded values, bit for bit.
+
+    Bitwise (not ``==``): NaNs compare equal to themselves and a rewritten
+    ``-0.0`` counts as a change, and it is one pass over memory, not several.
+    """
+    if current.shape != recorded.shape:
+        return False
+    if current.dtype == recorded.dtype and current.dtype.itemsize in _SAME_SIZE_UINT:
+        uint = _SAME_SIZE_UINT[current.dtype.itemsize]
+        return bool((current.view(uint) == recorded.view(uint)).all())
+    xp = array_module(current)
+    return bool(xp.array_equal(current, recorded, equal_nan=current.dtype.kind == "f"))
+
+
+class _Entry:
+    """What a tracer knows of one buffer: the Tensor it holds and the values it must still hold."""
+
+    __slots__ = ("tensor", "value", "kind")
+
+    def __init__(self, tensor, value, kind):
+        self.tensor = tensor     # a Tensor (watched or produced), or an array (constant)
+        self.value = value       # the recorded values, for the overwrite check
+        self.kind = kind         # "watched", "constant", "produced" or "given"
+
+
+class BufferTracer:
+    """A handler of the runtime ops' effects that computes them with autograd (module docstring).
+
+    ``start()`` pushes it on the running fiber's handler stack and ``stop()``
+    pops it (it must then be the innermost handler).
+    """
+
+    def __init__(self, strict: bool = True):
+        self.strict = strict
+        self.table: dict = {}
+        self.parent: BufferTracer | None = None
+        self.recording = False
+        self._handler = None      # (Handler, _Slot) while recording
+
+    def __repr__(self):
+        state = "recording" if self.recording else "stopped"
+        return f"<{type(self).__name__} {state}, {len(self.table)} buffers{', strict' if self.strict else ''}>"
+
+    # -- recording --
+    def start(self) -> None:
+        if self.recording:
+            raise ValidationError(f"{self!r} is already recording")
+        self.parent = current_tracer()
+        handler, slot = _handlers.pop() if _handlers else _new_handler()
+        slot.tracer = self
+        try:
+            handler.__enter__()
+        except BaseException:
+            slot.tracer = None
+            raise
+        self._handler = (handler, slot)
+        self.recording = True
+
+    def stop(self) -> None:
+        if not self.recording:
+            raise ValidationError(f"{self!r} is not recording")
+        handler, slot = self._handler
+        try:
+            handler.__exit__(None, None, None)
+        except ValidationError:
+            # The stack's own message spells out every clause of the handler.
+            raise ValidationError(f"{self!r} is not the innermost handler of this fiber: "
+                                  "end the tapes (pop the handlers) begun after it first, on the "
+                                  "fiber that began it") from None
+        slot.tracer = None
+        self._handler = None
+        self.recording = False
+        if len(_handlers) < 16:
+            _handlers.append((handler, slot))
+
+    def lookup(self, key):
+        tracer = self
+        while tracer is not None:
+            entry = tracer.table.get(key)
+            if entry is not None:
+                return entry
+            tracer = tracer.parent
+        return None
+
+    def read(self, array, what: str, differentiable: bool = True):
+        """The Tensor (or constant array) ``array`` holds, checked against what was recorded."""
+        entry = self.lookup(buffer_key(array))
+        if entry is None:
+            if self.strict and differentiable:
+                raise TapeError(
+                    f"{what}: {describe(array)} was not produced by a recorded runtime op, "
+                    "watched, or declared constant; code that computes a buffer itself "
+                    "(MLIR loops rather than runtime calls) is invisible to the tape "
+                    "(strict mode: declare it constant, watch it, or use a lenient tape)")
+            value = array_module(array).array(array, copy=True)
+            entry = self.table[buffer_key(array)] = _Entry(value, value, "constant")
+            return value
+        if not _unchanged(array, entry.value):
+            raise TapeError(f"{what}: {describe(array)} was overwritten after the tape recorded it; "
+                            "its recorded value would give a wrong gradient")
+        return entry.tensor
+
+    def record(self, out, tensor, kind: str = "produced") -> None:
+        """Write ``tensor``'s value into ``out`` and remember that ``out`` holds ``tensor``."""
+        xp = array_module(out)
+        value = xp.asarray(_raw(tensor))
+        out[...] = value
+        if value.dtype != out.dtype or value.shape != out.shape:
+            value = xp.array(out, copy=True)
+        entry = _Entry(tensor, value, kind)
+        key = buffer_key(out)
+        tracer = self
+        while tracer is not None:
+            tracer.table[key] = entry
+            tracer = tracer.parent
+
+    def declare_constant(self, array) -> None:
+        """Record ``array``'s buffer as a constant input (its values are copied now)."""
+        value = array_module(array).array(array, copy=True)
+        self.table[buffer_key(array)] = _Entry(value, value, "constant")
+
+    def bind(self, array, tensor, value) -> None:
+        """Record that ``array``'s buffer holds ``tensor`` (a Python caller's traced
+        argument), whose values are ``value`` (not ``array`` itself: the
+        overwrite check compares the buffer with it)."""
+        self.table[buffer_key(array)] = _Entry(tensor, value, "given")
+
+    def produced(self, array, what: str):
+        """The Tensor a recorded op wrote into ``array``'s buffer.
+
+        TapeError if no recorded op wrote it (strict mode; lenient: the array
+        itself, a constant) or it was overwritten since."""
+        entry = self.table.get(buffer_key(array))
+        if entry is None or entry.kind != "produced":
+            if self.strict:
+                raise TapeError(f"{what} ({describe(array)}) was not written by a recorded "
+                                "runtime op, so its gradient is unknown (strict mode)")
+            return array
+        if not _unchanged(array, entry.value):
+            raise TapeError(f"{what} ({describe(array)}) was overwritten after the recorded "
+                            "op wrote it")
+        return entry.tensor
+
+    def apply(self, op, out, args):
+        """Answer runtime op ``op``'s effect: compute it with autograd, record the output."""
+        n = len(op.inputs)
+        arrays, params = args[:n], args[n:]
+        op.check_output(out, *arrays, *params)
+        tensors = [self.read(a, f"{op.name} input {o.name!r}", o.differentiable)
+                   for o, a in zip(op.inputs, arrays)]
+        self.record(out, op.differentiate(ad, *tensors, *params))
+        return out
+
+
+class _Slot:
+    """What a pooled handler's clauses read: the tracer now using it."""
+
+    __slots__ = ("tracer",)
+
+    def __init__(self):
+        self.tracer = None
+
+
+# Handlers of stopped tracers, reused: building one (a clause per runtime op)
+# costs more than a small compiled function's whole call.
+_handlers: list = []
+
+
+def _new_handler():
+    slot = _Slot()
+
+    def clause_for(op):
+        def clause(out, *args):
+            return slot.tracer.apply(op, out, args)
+        return clause
+    fun = {op.effect: clause_for(op) for op in RUNTIME_OPS}
+    fun[CURRENT_TRACER] = lambda: slot.tracer
+    return Handler(fun=fun), slot
+
+
+_DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float16), 3: np.dtype(np.int64)}   # KINA_DTYPE_*
+
+
+def dtype_of_code(code: int) -> np.dtype:
+    """The element type of a ``KINA_DTYPE_*`` code, or KinaTypeError."""
+    dtype = _DTYPES.get(code)
+    if dtype is None:
+        raise KinaTypeError(f"unknown element type code {code} (KINA_DTYPE_F32 = 1, "
+                            "KINA_DTYPE_F16 = 2, KINA_DTYPE_I64 = 3)")
+    return dtype
+
+
+class MemoryTape(BufferTracer):
+    """A reverse-mode tape over memory: a :class:`BufferTracer` with its own autograd tape.
+
+    ``begin`` -> ``watch``/``constant`` -> runtime ops -> ``end`` ->
+    ``backward`` -> ``grad``, on the fiber (and OS thread) that began it.
+    """
+
+    def __init__(self, strict: bool = True):
+        super().__init__(strict)
+        self.tape = ad.Tape()
+        self.thread = fibers.local.state.serial
+        self.ended = False
+        self._watched: dict = {}          # key -> box of self.tape
+        self._gradients: dict | None = None
+
+    def _check_thread(self):
+        fibers.check_owner(self, "tape")
+
+    def begin(self) -> "MemoryTape":
+        self._check_thread()
+        if self.recording or self.ended:
+            raise ValidationError(f"{self!r} was already begun")
+        self.tape.__enter__()
+        try:
+            self.start()
+        except BaseException:
+            self.tape.__exit__(None, None, None)
+            raise
+        return self
+
+    def end(self) -> None:
+        self._check_thread()
+        if self.ended:
+            raise ValidationError("the tape was already ended")
+        self.stop()
+        self.tape.__exit__(None, None, None)
+        self.ended = True
+
+    def watch(self, array) -> None:
+        """Make ``array``'s buffer a differentiable input (its values are copied now)."""
+        self._check_thread()
+        self._require_recording("watch")
+        if array.dtype.kind != "f":
+            raise KinaTypeError(f"cannot watch a {array.dtype} buffer: only floating buffers "
+                                "are differentiable (declare it constant)")
+        key = buffer_key(array)
+        if key in self._watched:
+            raise ValidationError(f"{describe(array)} is already watched by this tape")
+        outer = self.parent.lookup(key) if self.parent is not None else None
+        if outer is not None and _unchanged(array, outer.value):
+            box = self.tape.watch(outer.tensor)       # nested: a box around the outer value
+        else:
+            box = self.tape.watch(array_module(array).array(array, copy=True))
+        self._watched[key] = box
+        self.table[key] = _Entry(box, _raw(box), "watched")
+
+    def constant(self, array) -> None:
+        """Declare ``array``'s buffer an input that is not differentiated (copied now)."""
+        self._check_thread()
+        self._require_recording("constant")
+        self.declare_constant(array)
+
+    def backward(self, output, cotangent) -> None:
+        """Reverse mode from ``output`` seeded with ``cotangent``; replaces earlier gradients."""
+        self._check_thread()
+        if not self.ended:
+            raise ValidationError("backward needs an ended tape: call kina_tape_end first")
+        entry = self.table.get(buffer_key(output))
+        if entry is None or entry.kind not in ("produced", "watched"):
+            raise ValidationError(f"backward of {describe(output)}, which this tape never "
+                                  "produced or watched")
+        if not _unchanged(output, entry.value):
+            raise TapeError(f"backward: {describe(output)} was overwritten after the tape "
+                            "recorded it")
+        if tuple(cotangent.shape) != tuple(output.shape):
+            raise ValidationError(f"backward: cotangent of shape {list(cotangent.shape)} for an "
+                                  f"output of shape {list(output.shape)}")
+        seed = array_module(cotangent).array(cotangent, copy=True)
+        keys = list(self._watched)
+        grads = self.tape.gradient(entry.tensor, [self._watched[k] for k in keys], seed)
+        self._gradients = dict(zip(keys, grads))
+
+    def grad(self, watched, out) -> None:
+        """Write the last backward's gradient for the ``watched`` buffer into ``out``."""
+        self._check_thread()
+        key = buffer_key(watched)
+        if key not in self._watched:
+            raise ValidationError(f"grad of {describe(watched)}, which this tape does not watch")
+        if self._gradients is None:
+            raise ValidationError("grad before backward: call kina_tape_backward first")
+        if tuple(out.shape) != tuple(watched.shape):
+            raise ValidationError(f"grad: out has shape {list(out.shape)}, the watched buffer "
+                                  f"{list(watched.shape)}")
+        g = self._gradients[key]
+        parent = self.parent
+        if parent is not None and parent.recording:
+            parent.record(out, g)       # an outer tape sees the gradient as what it is
+        else:
+            out[...] = array_module(out).asarray(_raw(g))
+
+    def free(self) -> None:
+        self._check_thread()
+        if self.recording:
+            self.end()
+        self.table.clear()
+        self._watched.clear()
+        self._gradients = None
+
+    def _require_recording(self, what):
+        if not self.recording:
+            raise ValidationError(f"{what} needs a recording tape (after begin, before end)")
