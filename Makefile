@@ -43,7 +43,7 @@ bench: $(STAMP)
 typecheck: $(DEV_STAMP)
 	$(PY) -m mypy --strict tests/typing
 	$(VENV)/bin/basedpyright --pythonpath $(PY) --project tests/typing
-	KINA_FX_TYPECHECK=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_typing.py
+	KINA_FX_TYPECHECK=1 $(PY) -m pytest -q -p no:cacheprovider tests/package/test_typing.py
 
 # The API reference from the docstrings; any Sphinx warning fails the build.
 docs: $(DEV_STAMP)

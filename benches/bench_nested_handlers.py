@@ -4,7 +4,7 @@
 
 Each level installs one handler with an ``on`` clause (so each is a fiber of
 its own) and runs the next level inside it: N levels are N handlers alive at
-once, all waiting.  OCaml's ``evenodd`` (tests/test_effects.py) installs a
+once, all waiting.  OCaml's ``evenodd`` (tests/effects/test_effects.py) installs a
 handler on every *other* level, so evenodd at 100,000 is 50,000 handlers --
 the first column of the table.  Each run is a fresh process; it reports the
 wall time of building and unwinding the nest, and the growth of the resident

@@ -6,7 +6,7 @@ A row (:class:`RuntimeOp`) says everything about one export:
   parameters -- from which ``kina_fx/ffi/c/kina_runtime_ops.h`` (the C
   wrappers), the prototypes in ``kina_fx.h`` and the op table of
   ``docs/abi.md`` are generated (``python -m kina_fx.runtime_ops --write``;
-  ``tests/test_runtime_ops.py`` fails when they are out of date);
+  ``tests/abi/test_runtime_ops.py`` fails when they are out of date);
 * its kernel: a :mod:`kina_fx.gpu_ops` function, the one NumPy/CuPy code path
   that also computes autograd's primitive of the same name;
 * ``check``: the validation that gives the output's shape (run before anything

@@ -41,8 +41,8 @@ def contract_lib(kina, tmp_path_factory):
     import shutil
     from pathlib import Path
 
-    from abi_helpers import build_fixture_library
-    from contract_helpers import CONTRACT_CDEF
+    from support.abi import build_fixture_library
+    from support.contract import CONTRACT_CDEF
 
     gcc = shutil.which("gcc")
     if gcc is None:
@@ -57,5 +57,5 @@ def contract_lib(kina, tmp_path_factory):
 @pytest.fixture
 def fiber_calls(kina, contract_lib):
     """kina_fiber_* calls with out-parameters made for the caller (contract_helpers.Fibers)."""
-    from contract_helpers import Fibers
+    from support.contract import Fibers
     return Fibers(kina, contract_lib)

@@ -40,7 +40,7 @@
  * name, which rejects it, except when the clause function is itself named
  * ``perform``.  Then a _TailResume comes back through here, and we drive it
  * right here, before popping the marker (handlers._resume_nested): what the
- * Python version does (tests/test_speedups.py has the case).
+ * Python version does (tests/effects/test_speedups.py has the case).
  *
  * Assumptions (checked once, in _bind): Fiber, ThreadState and _Skip derive
  * from the C core's data types (types.c, through fibers.data_type)

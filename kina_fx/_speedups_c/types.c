@@ -13,7 +13,7 @@
  * Every field is a PyObject * member with the slot semantics (T_OBJECT_EX:
  * unset is NULL and reads raise AttributeError); a type's fields come right
  * after PyObject_HEAD (and its base type's fields), so one traverse / clear /
- * dealloc serves all of them.  tests/test_speedups.py checks that the field
+ * dealloc serves all of them.  tests/effects/test_speedups.py checks that the field
  * names here are the ones fibers.py and handlers.py declare.
  */
 #include "speedups.h"

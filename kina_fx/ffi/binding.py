@@ -94,7 +94,7 @@ def attach(ffi: Any, lib: Any) -> None:
     name of the C table to a stub that finds its function in the lazy modules
     on its first call.  Every name gets a function, so cffi's silent 0 for an
     unbound callback cannot happen: a name that no module has fails each of
-    its calls with InternalError (status 5).  tests/test_abi_header.py checks
+    its calls with InternalError (status 5).  tests/abi/test_abi_header.py checks
     that the modules cover the C table.
     """
     global _lib

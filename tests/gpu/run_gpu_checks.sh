@@ -41,9 +41,9 @@ done
 echo "== tests (CPU and CUDA backends)" | tee -a "$OUTDIR/gpu_tests.txt"
 export KINA_FX_DEVICE=auto
 timeout 200 "$RUN" -m pytest -q -p no:cacheprovider \
-  tests/gpu/test_cupy_path.py tests/gpu/test_cupy_tape.py tests/test_abi_exports.py tests/test_memref.py \
-  tests/test_abi_fake_cuda.py \
-  "tests/test_autograd.py" -k "not slow" \
+  tests/gpu/test_cupy_path.py tests/gpu/test_cupy_tape.py tests/abi/test_abi_exports.py tests/abi/test_memref.py \
+  tests/abi/test_abi_fake_cuda.py \
+  "tests/autodiff/test_autograd.py" -k "not slow" \
   2>&1 | tail -25 | tee -a "$OUTDIR/gpu_tests.txt"
 status=${PIPESTATUS[0]}
 

@@ -1,7 +1,7 @@
 """Differentiable compiled code on a real CUDA device (skipped where CuPy sees none).
 
-Run by tests/gpu/run_gpu_checks.sh.  The same paths as tests/test_memory_tape.py
-and tests/test_compiled.py, on the CuPy backend: runtime ops on managed memory
+Run by tests/gpu/run_gpu_checks.sh.  The same paths as tests/autodiff/test_memory_tape.py
+and tests/autodiff/test_compiled.py, on the CuPy backend: runtime ops on managed memory
 (zero-copy) and on host memory (staged per call), a tape's gradients, and
 ad.grad of the MLIR-compiled MLP forward with CuPy arrays.
 """

@@ -1,5 +1,5 @@
 """A typed program on kina_fx's effects: mypy and pyright must accept it as it is
-(tests/test_typing.py checks both)."""
+(tests/package/test_typing.py checks both)."""
 from __future__ import annotations
 
 from typing import Any, Dict, List

@@ -1,5 +1,5 @@
 """A user program of kina_fx, type-checked by ``make typecheck`` (mypy --strict
-and pyright in strict mode) and run by tests/test_typing.py.
+and pyright in strict mode) and run by tests/package/test_typing.py.
 
 It touches the public API a user reaches for: the paths C builds need, the
 errors and status codes, memref descriptors for NumPy arrays, the C ABI opened

@@ -1,5 +1,5 @@
 """Typing errors mypy and pyright must both report, one per line marked
-``# planted``, and nothing else (tests/test_typing.py)."""
+``# planted``, and nothing else (tests/package/test_typing.py)."""
 from __future__ import annotations
 
 from typing import Any

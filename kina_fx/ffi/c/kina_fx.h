@@ -21,7 +21,7 @@ extern "C" {
 #define KINA_ABI_VERSION_MINOR 0
 #define KINA_ABI_VERSION (KINA_ABI_VERSION_MAJOR * 1000 + KINA_ABI_VERSION_MINOR)
 
-/* Status codes: mirror kina_fx/errors.py Status (checked by tests/test_abi_header.py). */
+/* Status codes: mirror kina_fx/errors.py Status (checked by tests/abi/test_abi_header.py). */
 #define KINA_STATUS_SUCCESS 0
 #define KINA_STATUS_VALIDATION 1
 #define KINA_STATUS_RESOURCE 2

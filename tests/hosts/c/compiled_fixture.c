@@ -1,4 +1,4 @@
-/* A "compiled module" for tests/test_compiled.py: C functions that call the
+/* A "compiled module" for tests/autodiff/test_compiled.py: C functions that call the
  * runtime's exports the way MLIR-compiled code does, and one that computes a
  * step itself, invisible to a tape. */
 #include <math.h>

@@ -1,4 +1,4 @@
-/* C fixture for tests/test_abi_contract.py: entry functions and handlers for
+/* C fixture for tests/abi/test_abi_contract.py: entry functions and handlers for
  * the decided corners of the effects C ABI (docs/abi.md, "Decided corners"). */
 #include <stddef.h>
 

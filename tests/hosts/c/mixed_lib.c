@@ -1,4 +1,4 @@
-/* C code for tests/test_abi_effects.py: entry functions and handlers that the
+/* C code for tests/abi/test_abi_effects.py: entry functions and handlers that the
  * Python tests mix with Python handlers on one handler stack. */
 #include <stddef.h>
 

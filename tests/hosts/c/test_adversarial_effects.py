@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
-from abi_helpers import build_fixture_library
+from support.abi import build_fixture_library
 
 from test_c_host import kina_fx_config, run_clean
 

@@ -125,4 +125,4 @@ def test_kina_fx_python_overrides_the_interpreter(dlopen_host, tmp_path):
 
 
 # A regular (non-editable) install into fresh venvs, from the wheel and from
-# the sdist: tests/packaging/test_dist.py.
+# the sdist: tests/package/test_dist.py.

@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 
-from abi_helpers import Abi, runtime_op_sample
+from support.abi import Abi, runtime_op_sample
 from kina_fx import autograd as ad
 from kina_fx.errors import Status
 from kina_fx.runtime_ops import ALL_AXES, BY_NAME, RUNTIME_OPS

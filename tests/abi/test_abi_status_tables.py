@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from abi_helpers import Abi
-from contract_helpers import (ALLOC, COPY_DEV, COPY_HOST, FIBER_CANCELLED, FIBER_DONE, FIBER_NEW,
+from support.abi import Abi
+from support.contract import (ALLOC, COPY_DEV, COPY_HOST, FIBER_CANCELLED, FIBER_DONE, FIBER_NEW,
                               FIBER_SUSPENDED, GATHER, MATMUL, REPEAT, SOFTMAX, c_perform, descriptor,
                               last_error, push_returning)
 
@@ -26,7 +26,7 @@ from kina_fx import Effect, Handler, gpu_ops, memref
 from kina_fx.errors import Status
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "abi.md"
 
 Ask = Effect("tables.ask")
@@ -104,7 +104,7 @@ def test_every_row_has_a_test():
         for test in tests:
             path, _, name = test.rpartition("::")
             names = here if not path else {
-                n.name for n in ast.parse((ROOT / "tests" / path).read_text()).body
+                n.name for n in ast.parse((ROOT / "tests" / "abi" / path).read_text()).body
                 if isinstance(n, ast.FunctionDef)}
             assert (name or test) in names, f"{test} (for row {key!r}) does not exist"
 

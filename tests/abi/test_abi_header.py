@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from abi_helpers import load_module
+from support.abi import load_module
 
 from kina_fx import ffi as kffi
 from kina_fx.errors import Status

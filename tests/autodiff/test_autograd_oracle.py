@@ -5,7 +5,7 @@ second derivatives agree with HIPS autograd's derivatives of the reference to
 ``reference`` is covered by its ``sample`` domain."""
 import numpy as np
 import pytest
-from autograd_helpers import Draw, differentiable_leaves, leaves_of, with_leaves
+from support.autograd import Draw, differentiable_leaves, leaves_of, with_leaves
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from abi_helpers import build_fixture_library
+from support.abi import build_fixture_library
 from kina_fx import autograd as ad
 from kina_fx import compiled
 from kina_fx.errors import ValidationError
@@ -31,7 +31,7 @@ int32_t exp_and_square({M}, {M}, {M});
 
 @pytest.fixture(scope="module")
 def mod(tmp_path_factory):
-    so = build_fixture_library(HERE / "hosts" / "c" / "compiled_fixture.c",
+    so = build_fixture_library(HERE.parent / "hosts" / "c" / "compiled_fixture.c",
                                tmp_path_factory.mktemp("compiled") / "fixture.so")
     return compiled.load(str(so), DECLARATIONS)
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from abi_helpers import LAYOUTS, Abi, runtime_op_sample, strided
+from support.abi import LAYOUTS, Abi, runtime_op_sample, strided
 from kina_fx import Handler, autograd as ad, gpu_ops, runtime_ops
 from kina_fx.errors import Status
 from kina_fx.runtime_ops import ALL_AXES, BY_NAME, RUNTIME_OPS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OK, VALIDATION, TYPE = Status.SUCCESS, Status.VALIDATION, Status.TYPE
 
 
@@ -266,7 +266,7 @@ def test_a_c_handler_cannot_take_a_runtime_ops_effect(abi, tmp_path):
     op's effect is never called; the export returns 6 and writes nothing."""
     import cffi
 
-    from abi_helpers import build_fixture_library
+    from support.abi import build_fixture_library
 
     src = tmp_path / "answer.c"
     src.write_text('#include "kina_fx.h"\n'

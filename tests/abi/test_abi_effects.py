@@ -11,14 +11,14 @@ import threading
 from pathlib import Path
 
 import pytest
-from abi_helpers import build_fixture_library
+from support.abi import build_fixture_library
 
 from kina_fx import Effect, Handler, KinaTypeError, ValidationError, perform
 from kina_fx.ffi import effects as ffi_effects
 from kina_fx.errors import Status
 
 pytestmark = pytest.mark.integration
-HERE = Path(__file__).parent / "hosts" / "c"
+HERE = Path(__file__).parents[1] / "hosts" / "c"
 GCC = shutil.which("gcc")
 
 MIXED_CDEF = """

@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 
-from abi_helpers import LAYOUTS, Abi, strided
+from support.abi import LAYOUTS, Abi, strided
 from kina_fx import gpu_ops, memref
 from kina_fx.errors import Status
 

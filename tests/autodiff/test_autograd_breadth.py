@@ -24,7 +24,7 @@ ties, zeros in ``prod``, degenerate spectra, clear errors for what is refused.
 """
 import numpy as np
 import pytest
-from autograd_helpers import (Draw, FakeDeviceArray, args_on_device, fake_cupy,  # noqa: F401
+from support.autograd import (Draw, FakeDeviceArray, args_on_device, fake_cupy,  # noqa: F401
                               on_device)
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st

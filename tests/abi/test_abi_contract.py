@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from abi_helpers import Abi
-from contract_helpers import (ALLOC, COPY_DEV, COPY_HOST, FIBER_CANCELLED, FIBER_DONE, FIBER_FAILED,
+from support.abi import Abi
+from support.contract import (ALLOC, COPY_DEV, COPY_HOST, FIBER_CANCELLED, FIBER_DONE, FIBER_FAILED,
                               FIBER_NEW, FIBER_RUNNING, FIBER_SUSPENDED, GATHER, MATMUL, REPEAT, SOFTMAX,
                               Fibers, c_perform, descriptor, last_error, push_returning, softmax_ref)
 

@@ -2,13 +2,13 @@
 import os
 
 import numpy as np
-from abi_helpers import load_module
+from support.abi import load_module
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _load_bench():
-    return load_module(os.path.join(HERE, "..", "benches", "bench_autograd.py"), "bench_autograd")
+    return load_module(os.path.join(HERE, "..", "..", "benches", "bench_autograd.py"), "bench_autograd")
 
 
 def test_benchmark_smoke_and_baselines_agree():

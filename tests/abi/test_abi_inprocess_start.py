@@ -7,7 +7,7 @@ spun forever (``import torch`` was enough).  The library's start-up guard now
 sets up its embedded module itself when an interpreter is running
 (docs/abi.md, "How the library finds its Python").
 
-Each check runs ``tests/inprocess_start_check.py`` in a fresh process (the
+Each check runs ``tests/abi/inprocess_start_check.py`` in a fresh process (the
 library starts once per process) with a timeout, so a hang fails the test.
 The suite runs it with this interpreter; ``KINA_FX_TEST_PYTHONS`` (paths of
 other interpreters with kina_fx installed, separated by ``os.pathsep``) adds

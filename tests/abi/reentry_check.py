@@ -1,6 +1,6 @@
 """C handlers that re-enter kina_perform until Python's recursion limit stops them.
 
-Run as a script by tests/test_abi_contract.py with any interpreter that has
+Run as a script by tests/abi/test_abi_contract.py with any interpreter that has
 kina_fx installed:  python reentry_check.py OUTDIR [DEPTHS]
 
 Builds tests/hosts/c/contract_lib.c against that interpreter's libkina_fx.so,
@@ -24,7 +24,7 @@ def main() -> int:
     outdir = Path(sys.argv[1])
     depths = int(sys.argv[2]) if len(sys.argv) > 2 else 12
     ffi, lib = kffi.load_library()
-    source = Path(__file__).parent / "hosts" / "c" / "contract_lib.c"
+    source = Path(__file__).parents[1] / "hosts" / "c" / "contract_lib.c"
     out = outdir / f"libcontract{sys.version_info[0]}{sys.version_info[1]}.so"
     libdir = os.path.dirname(kffi.library_path())
     subprocess.run(["gcc", "-O1", "-shared", "-fPIC", str(source), f"-I{kffi.header_dir()}",

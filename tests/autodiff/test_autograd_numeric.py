@@ -18,7 +18,7 @@ whole Jacobian with a random probe:
 """
 import numpy as np
 import pytest
-from autograd_helpers import (Draw, FakeDeviceArray, args_on_device, differentiable_leaves,  # noqa: F401
+from support.autograd import (Draw, FakeDeviceArray, args_on_device, differentiable_leaves,  # noqa: F401
                               fake_cupy, leaves_of, with_leaves)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

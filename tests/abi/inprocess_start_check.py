@@ -1,6 +1,6 @@
 """Load libkina_fx.so into this running Python and make its first export calls.
 
-Run as a script by tests/test_abi_inprocess_start.py, with any interpreter that
+Run as a script by tests/abi/test_abi_inprocess_start.py, with any interpreter that
 has kina_fx installed:  python inprocess_start_check.py MODE [THREADS]
 
 MODE says what the process does before the library's first call:

@@ -2,13 +2,13 @@
 N handlers alive at once, one inside the other (not evenodd's N/2)."""
 import os
 
-from abi_helpers import load_module
+from support.abi import load_module
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def test_the_nest_is_n_handlers_deep():
-    bench = load_module(os.path.join(HERE, "..", "benches", "bench_nested_handlers.py"),
+    bench = load_module(os.path.join(HERE, "..", "..", "benches", "bench_nested_handlers.py"),
                         "bench_nested_handlers")
     result = bench.child(3_000)     # asserts handlers_around_here() == 3000 at the bottom
     assert result["seconds"] > 0 and result["rss_growth_mb"] > 0
@@ -19,7 +19,7 @@ def test_evenodd_installs_a_handler_every_other_level():
     """Why the old figure was wrong: evenodd(n) is n/2 handlers deep."""
     from kina_fx import Effect, Handler
 
-    bench = load_module(os.path.join(HERE, "..", "benches", "bench_nested_handlers.py"),
+    bench = load_module(os.path.join(HERE, "..", "..", "benches", "bench_nested_handlers.py"),
                         "bench_nested_handlers")
     E, depth = Effect("bench.evenodd"), []
 

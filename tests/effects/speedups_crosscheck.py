@@ -1,7 +1,7 @@
 """pytest plugin (``-p speedups_crosscheck``, with tests/ on sys.path): every
 tail-resume check the session makes is answered by both the compiled and the
 Python ``_returns_straight_to_driver``; any difference fails the session.
-tests/test_speedups.py runs the effects suites under it."""
+tests/effects/test_speedups.py runs the effects suites under it."""
 from kina_fx import handlers
 
 _seen = {"checks": 0, "mismatches": []}

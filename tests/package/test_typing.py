@@ -24,7 +24,7 @@ import kina_fx
 from kina_fx import Continuation, Effect, Handler, perform
 from kina_fx.handlers import FORWARD
 
-TYPING = Path(__file__).parent / "typing"
+TYPING = Path(__file__).parents[1] / "typing"
 
 
 def test_package_is_marked_typed():
@@ -39,9 +39,10 @@ def test_typed_program_runs(program):
     assert result.stdout.strip().endswith("ok")
 
 
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "typing")
-ERRORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "typing_errors")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.join(TESTS, "typing")
+ERRORS = os.path.join(TESTS, "typing_errors")
+ROOT = os.path.dirname(TESTS)
 EXAMPLE = os.path.join(HERE, "typed_example.py")
 PLANTED = os.path.join(ERRORS, "planted_errors.py")
 

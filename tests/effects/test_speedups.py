@@ -26,7 +26,7 @@ PURE = os.environ.get("KINA_FX_PURE_PYTHON") == "1"
 # The compiled functions work only once kina_fx.handlers has bound them, which
 # it does unless KINA_FX_PURE_PYTHON=1.
 COMPILED = _speedups is not None and not PURE
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 E = Effect("speedups.e")
 F = Effect("speedups.f")
@@ -97,21 +97,21 @@ def test_effects_suite_in_pure_python():
     env = dict(os.environ, KINA_FX_PURE_PYTHON="1")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow",
-         os.path.join(ROOT, "tests", "test_effects.py")],
+         os.path.join(ROOT, "tests", "effects", "test_effects.py")],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
 def test_tail_check_agrees_with_python_on_the_effects_suites():
     # Every tail-resume check of the effects suites answered by both
-    # _returns_straight_to_driver versions (tests/speedups_crosscheck.py).
+    # _returns_straight_to_driver versions (tests/effects/speedups_crosscheck.py).
     if handlers._returns_straight_to_driver is handlers._returns_straight_to_driver_py:
         pytest.skip("compiled tail check not in use")
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "tests"))
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "tests", "effects"))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "speedups_crosscheck", "-p", "no:cacheprovider",
-         "-m", "not slow", os.path.join(ROOT, "tests", "test_effects.py"),
-         os.path.join(ROOT, "tests", "test_ocaml_ports.py")],
+         "-m", "not slow", os.path.join(ROOT, "tests", "effects", "test_effects.py"),
+         os.path.join(ROOT, "tests", "effects", "test_ocaml_ports.py")],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " 0 mismatches" in proc.stdout and " 0 tail checks" not in proc.stdout, proc.stdout[-2000:]

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from autograd_helpers import FakeDeviceArray, fake_cupy, on_device  # noqa: F401
+from support.autograd import FakeDeviceArray, fake_cupy, on_device  # noqa: F401
 
 from kina_fx import autograd as ad
 from kina_fx import gpu_ops

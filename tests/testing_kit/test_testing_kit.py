@@ -194,7 +194,7 @@ def test_greet_wrong_question():
 def test_the_examples_in_docs_testing_md_pass(pytester):
     import os
     import re
-    doc = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "testing.md")
+    doc = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "testing.md")
     with open(doc) as f:
         blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
     assert len(blocks) == 3
