@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from .. import gpu_ops
-from ..errors import ValidationError
+from ..errors import UnimplementedError, ValidationError
 from .primitives import numpy_rule
 from .tensor import Tensor, _as_array, _holds_tensor, _raw, _shape, array_module
 from .tensor import recordable as o
@@ -35,21 +35,30 @@ def dot(a: Any, b: Any) -> Any:
     return o.reshape(o.matmul(a, b2), tuple(sa[:-1]) + rest)
 
 
+def _flat_order(name, order):
+    if order in ("A", "K"):
+        raise UnimplementedError(
+            f"{name}(..., order={order!r}) depends on the memory layout of the array, which "
+            "tracing does not promise to keep: say order='C' or order='F'")
+    return order
+
+
 @numpy_rule(np.ravel)
-def ravel(x: Any) -> Any:
-    """``x`` flattened to one dimension (C order)."""
-    return o.reshape(x, (-1,))
+def ravel(x: Any, order: str = "C") -> Any:
+    """``x`` flattened to one dimension, in C (or ``order='F'``: Fortran) index order."""
+    return o.reshape(x, (-1,), _flat_order("ravel", order))
 
 
-def flatten(x: Any) -> Any:
-    """``x`` flattened to one dimension (``Tensor.flatten``)."""
-    return o.reshape(x, (-1,))
+def flatten(x: Any, order: str = "C") -> Any:
+    """``x`` flattened to one dimension (``Tensor.flatten``), as ``ravel``."""
+    return o.reshape(x, (-1,), _flat_order("flatten", order))
 
 
 @numpy_rule(np.squeeze)
 def squeeze(x: Any, axis: Any = None) -> Any:
     """``x`` without its size-1 axes (only ``axis`` when given; one that is
     not of size 1 is a ValidationError)."""
+    x = _as_array(x)
     shape = _shape(_raw(x))
     if axis is None:
         axes = {i for i, s in enumerate(shape) if s == 1}

@@ -97,6 +97,13 @@ def _triangle_gradient(o, grad, uplo="L"):
     return o.mul(o.add(grad, _mT(o, grad)), _triangle_weights(grad, n, uplo))
 
 
+def _symmetric_reference(np, a, uplo):
+    """``_symmetric_from`` in NumPy terms (HIPS autograd differentiates it)."""
+    if uplo == "L":
+        return np.tril(a) + np.swapaxes(np.tril(a, -1), -1, -2)
+    return np.triu(a) + np.swapaxes(np.triu(a, 1), -1, -2)
+
+
 def _col(o, v):
     return o.reshape(v, tuple(v.shape) + (1,))
 
@@ -354,40 +361,69 @@ def _sample_spd(draw):
     return [np.tril(spd) + np.triu(draw.array(lead + (n, n)), 1)], {}
 
 
-def _cholesky_reference(np, a):
-    return np.linalg.cholesky(_symmetric_reference(np, a, "L"))
-
-
 def _solve_lower_both_sides(o, lower, m):
     """``L^-1 m L^-T`` for symmetric ``m``."""
     x = o.solve(lower, m)
     return o.solve(lower, _mT(o, x))
 
 
-@op(numpy=np.linalg.cholesky, sample=_sample_spd, reference=_cholesky_reference)
+def _cholesky_vjp(o, g, lower):
+    # Murray (2016): S = L^-T Phi(L^T g) L^-1, Phi = lower triangle with half diagonal
+    n = lower.shape[-1]
+    phi = o.mul(o.matmul(_mT(o, lower), g), _lower_weights(g, n))
+    lower_t = _mT(o, lower)
+    s = _mT(o, o.solve(lower_t, _mT(o, o.solve(lower_t, phi))))
+    return _triangle_gradient(o, o.mul(o.add(s, _mT(o, s)), 0.5))
+
+
+def _cholesky_jvp(o, t, lower):
+    inner = _solve_lower_both_sides(o, lower, _symmetric_from(o, t))
+    return o.matmul(lower, o.mul(inner, _lower_weights(inner, lower.shape[-1])))
+
+
+def _sample_cholesky(draw):
+    args, _ = _sample_spd(draw)
+    upper = draw.choice([None, False, True])
+    if upper is None:
+        return args, {}
+    return [np.swapaxes(args[0], -1, -2).copy() if upper else args[0]], {"upper": upper}
+
+
+def _cholesky_reference(np, a, upper=False):
+    if upper:
+        return np.swapaxes(_cholesky_reference(np, np.swapaxes(a, -1, -2)), -1, -2)
+    return np.linalg.cholesky(_symmetric_reference(np, a, "L"))
+
+
+@op(numpy=np.linalg.cholesky, sample=_sample_cholesky, reference=_cholesky_reference)
 class cholesky:
     """The lower Cholesky factor ``L`` of each symmetric positive definite
-    matrix (``a = L @ L.T``).  As NumPy, only the lower triangle of ``a`` is
-    read, and the gradient is that of this function: it lies on the lower
-    triangle (JAX instead symmetrizes the input; pass ``(a + a.T) / 2`` for
-    its convention).  A matrix that is not positive definite is NumPy's
-    ``LinAlgError``; ``upper=True`` is refused."""
-    def kernel(a):
+    matrix (``a = L @ L.T``), or with ``upper=True`` the upper one ``U = L.T``
+    of the matrix read from the upper triangle.  As NumPy, only that triangle
+    of ``a`` is read, and the gradient is that of this function: it lies on
+    that triangle (JAX instead symmetrizes the input; pass ``(a + a.T) / 2``
+    for its convention).  A matrix that is not positive definite is NumPy's
+    ``LinAlgError``."""
+    def kernel(a, upper=False):
         _check_square("cholesky", a)
-        return array_module(a).linalg.cholesky(a)
+        xp = array_module(a)
+        if not upper:
+            return xp.linalg.cholesky(a)
+        # NumPy < 2 and CuPy have no upper=: U(a) = L(a^T)^T, the same factor
+        return xp.swapaxes(xp.linalg.cholesky(xp.swapaxes(a, -1, -2)), -1, -2)
 
-    def vjp_a(o, g, out, a):
-        # Murray (2016): S = L^-T Phi(L^T g) L^-1, Phi = lower triangle with half diagonal
-        n = out.shape[-1]
-        phi = o.mul(o.matmul(_mT(o, out), g), _lower_weights(g, n))
-        lower_t = _mT(o, out)
-        s = _mT(o, o.solve(lower_t, _mT(o, o.solve(lower_t, phi))))
-        return _triangle_gradient(o, o.mul(o.add(s, _mT(o, s)), 0.5))
+    def prepare(a, upper=False):
+        return a, bool(upper)
 
-    def jvp_a(o, t, out, a):
-        m = _symmetric_from(o, t)
-        inner = _solve_lower_both_sides(o, out, m)
-        return o.matmul(out, o.mul(inner, _lower_weights(inner, out.shape[-1])))
+    def vjp_a(o, g, out, a, upper):
+        if upper:
+            return _mT(o, _cholesky_vjp(o, _mT(o, g), _mT(o, out)))
+        return _cholesky_vjp(o, g, out)
+
+    def jvp_a(o, t, out, a, upper):
+        if upper:
+            return _mT(o, _cholesky_jvp(o, _mT(o, t), _mT(o, out)))
+        return _cholesky_jvp(o, t, out)
 
 
 # =====================================================================================
@@ -420,13 +456,6 @@ def _eigh_parts(o, packed):
     w = o.getitem(packed, (Ellipsis, 0, slice(None)))
     v = o.getitem(packed, (Ellipsis, slice(1, None), slice(None)))
     return w, v
-
-
-def _symmetric_reference(np, a, uplo):
-    """``_symmetric_from`` in NumPy terms (HIPS autograd differentiates it)."""
-    if uplo == "L":
-        return np.tril(a) + np.swapaxes(np.tril(a, -1), -1, -2)
-    return np.triu(a) + np.swapaxes(np.triu(a, 1), -1, -2)
 
 
 def _eigh_reference(np, a, UPLO="L"):

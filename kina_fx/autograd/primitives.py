@@ -34,11 +34,11 @@ import operator as _operator
 import numpy as np
 
 from .. import gpu_ops
-from ..errors import KinaTypeError, ValidationError
+from ..errors import KinaTypeError, UnimplementedError, ValidationError
 from ..handlers import Effect, perform
 from . import samples
-from .tensor import (Tensor, _as_array, _plain, _raw, _shape, array_module, is_traced,
-                     kernels, recordable)
+from .tensor import (Tensor, _as_array, _plain, _raw, _shape, array_module, as_sequence,
+                     is_traced, kernels, recordable)
 
 __all__ = ["op", "Primitive", "PRIMITIVES", "NUMPY_RULES", "COMPOSITES", "effect_of",
            "numpy_rule", "xp_kernel", "registry_generation"]
@@ -80,7 +80,7 @@ class Primitive:
     * ``effect``: performed as ``perform(effect, *arrays, *params)``; its
       default runs ``kernel``.
     * ``nin`` array inputs (for a ``sequence`` op: one input, a tuple of
-      arrays), then ``nparams`` static parameters.  ``diff[k]``: whether input
+      arrays), named ``inputs``, then ``nparams`` static parameters.  ``diff[k]``: whether input
       ``k`` is differentiable.
     * ``kernel(*arrays, *params)``: raw NumPy/CuPy arrays in, raw array out.
     * ``vjp_rules[k](o, g, out, *arrays, *params)``: the cotangent of input
@@ -95,7 +95,8 @@ class Primitive:
 
     __slots__ = ("name", "effect", "nin", "nparams", "diff", "kernel", "raw", "vjp_rules",
                  "jvp_rules", "vjp", "jvp", "elementwise", "sequence", "linear", "numpy",
-                 "operator", "methods", "sample", "reference", "public", "doc", "module")
+                 "operator", "methods", "sample", "reference", "public", "doc", "module",
+                 "inputs")
 
     def __repr__(self):
         return f"<Primitive {self.name}>"
@@ -231,8 +232,18 @@ def _public_binary(eff):
 
 def _public_general(prim, prepare):
     eff, nin, sequence, name = prim.effect, prim.nin, prim.sequence, prim.name
+    inputs = prim.inputs
 
     def fn(*args, **kwargs):
+        if not sequence:
+            # lists where NumPy takes an array are arrays before prepare() reads
+            # their shapes (a list has none)
+            for a in args[:nin]:
+                if a.__class__ is list or a.__class__ is tuple:
+                    args = tuple(_as_array(a) for a in args[:nin]) + args[nin:]
+                    break
+            if kwargs:
+                kwargs = {k: _as_array(v) if k in inputs else v for k, v in kwargs.items()}
         if prepare is not None:
             args = prepare(*args, **kwargs)
         elif kwargs or len(args) != nin:
@@ -240,11 +251,7 @@ def _public_general(prim, prepare):
                             + (f" and keywords {sorted(kwargs)}" if kwargs else ""))
         traced = False
         if sequence:
-            xs = args[0]
-            if not isinstance(xs, (list, tuple)):
-                raise KinaTypeError(f"{name} takes a sequence of arrays, not "
-                                    f"{type(xs).__name__}")
-            xs = tuple(_as_array(x) for x in xs)
+            xs = tuple(_as_array(x) for x in as_sequence(name, args[0]))
             traced = any(x.__class__ is Tensor for x in xs)
             args = (xs,) + tuple(args[1:])
         else:
@@ -444,6 +451,7 @@ def op(name: str | None = None, *, numpy: Any = (), operator: str | None = None,
         p.name = opname
         p.effect = Effect("kina_fx.autograd." + opname)
         p.nin, p.nparams, p.diff = nin, nparams, diff
+        p.inputs = tuple(inputs)
         p.kernel = kernel
         p.raw = raw if raw is not None else kernel
         p.elementwise, p.sequence, p.linear = bool(elementwise), bool(sequence), bool(linear)
@@ -986,14 +994,18 @@ class max:
 def _sample_reshape(draw):
     shape = draw.shape()
     size = math.prod(shape)
-    target = draw.choice([(size,), (1, size), (size, 1), (-1,), (1, -1, 1)])
-    return [draw.array(shape)], {"shape": target}
+    target = draw.choice([(size,), (1, size), (size, 1), (-1,), (1, -1, 1), size, -1,
+                          tuple(reversed(shape))])
+    kwargs = {"shape": target}
+    if draw.boolean():
+        kwargs["order"] = draw.choice(["C", "F"])
+    return [draw.array(shape)], kwargs
 
 
 def _resolve_shape(x, shape):
     if isinstance(shape, (int, np.integer)):
         shape = (int(shape),)
-    shape = tuple(int(s) for s in shape)
+    shape = tuple(_operator.index(s) for s in shape)
     if -1 in shape:
         total = math.prod(_shape(_raw(x)))
         known = math.prod(s for s in shape if s != -1)
@@ -1001,27 +1013,40 @@ def _resolve_shape(x, shape):
     return shape
 
 
+def _reshape_order(order):
+    if order in ("C", "F"):
+        return order
+    if order == "A":
+        raise UnimplementedError(
+            "reshape(..., order='A') depends on the memory layout of the array, which "
+            "tracing does not promise to keep: say order='C' or order='F'")
+    raise ValidationError(f"reshape: order must be 'C' or 'F', not {order!r}")
+
+
 @op(numpy=np.reshape, linear=True, sample=_sample_reshape,
-    reference=lambda np, x, shape: np.reshape(x, shape))
+    reference=lambda np, x, shape, order="C": np.reshape(x, shape, order=order))
 class reshape:
-    """``x`` with a new shape (one ``-1`` allowed)."""
-    def kernel(x, shape):
+    """``x`` with a new shape (one ``-1`` allowed), its elements read and
+    written in C (``order='C'``) or Fortran (``'F'``) index order.  ``copy``
+    is accepted and ignored: Tensors are immutable, so a copy and a view are
+    the same value."""
+    def kernel(x, shape, order="C"):
         try:
-            return x.reshape(shape)
+            return x.reshape(shape, order=order)
         except AttributeError:
-            return np.reshape(x, shape)
+            return np.reshape(x, shape, order=order)
 
-    def prepare(x, shape):
-        return x, _resolve_shape(x, shape)
+    def prepare(x, shape, order="C", *, copy=None):
+        return x, _resolve_shape(x, shape), _reshape_order(order)
 
-    def vjp_x(o, g, out, x, shape):
-        return o.reshape(g, _shape(x))
+    def vjp_x(o, g, out, x, shape, order):
+        return o.reshape(g, _shape(x), order)
 
-    def method(self, *shape):
+    def method(self, *shape, order="C"):
         """``t.reshape(2, 3)`` or ``t.reshape((2, 3))``."""
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = shape[0]
-        return recordable.reshape(self, shape)
+        return recordable.reshape(self, shape, order)
 
 
 def _sample_transpose(draw):
@@ -1378,9 +1403,7 @@ class stack:
         return xp.stack(arrays, axis)
 
     def prepare(xs, axis=0):
-        if not isinstance(xs, (list, tuple)) or not xs:
-            raise ValidationError("stack needs a non-empty sequence of arrays")
-        return xs, _operator.index(axis)
+        return as_sequence("stack", xs), _operator.index(axis)
 
     def vjp_xs(o, g, out, i, xs, axis):
         ax = gpu_ops.normalize_axis(axis, len(out.shape))
@@ -1407,8 +1430,7 @@ class concatenate:
         return xp.concatenate(arrays, axis)
 
     def prepare(xs, axis=0):
-        if not isinstance(xs, (list, tuple)) or not xs:
-            raise ValidationError("concatenate needs a non-empty sequence of arrays")
+        xs = as_sequence("concatenate", xs)
         if axis is None:
             return [recordable.reshape(x, (-1,)) for x in xs], 0
         return xs, _operator.index(axis)
@@ -1445,14 +1467,24 @@ def _sample_clip(draw):
     reference=lambda np, x, a_min=None, a_max=None: np.minimum(
         np.maximum(x, -np.inf if a_min is None else a_min), np.inf if a_max is None else a_max))
 class clip:
-    """``minimum(maximum(x, a_min), a_max)`` (a bound may be None).  Each
+    """``minimum(maximum(x, a_min), a_max)`` (a bound may be None; ``min=``
+    and ``max=`` are NumPy 2.1's names for them).  Each
     output element's gradient goes to the input it was taken from (``x`` on
     the boundary), so the bounds are differentiable too."""
     def kernel(x, a_min, a_max):
         return array_module(x, a_min, a_max).minimum(
             array_module(x, a_min).maximum(x, a_min), a_max)
 
-    def prepare(x, a_min=None, a_max=None):
+    def prepare(x, a_min=None, a_max=None, *, min=None, max=None):
+        # NumPy 2.1's min=/max= spell a_min/a_max (one of each pair at most)
+        if min is not None:
+            if a_min is not None:
+                raise KinaTypeError("clip: a_min and min are the same bound: give one")
+            a_min = min
+        if max is not None:
+            if a_max is not None:
+                raise KinaTypeError("clip: a_max and max are the same bound: give one")
+            a_max = max
         return (x, -math.inf if a_min is None else a_min,
                 math.inf if a_max is None else a_max)
 
