@@ -769,6 +769,12 @@ def _tensordot_axes(a, b, axes):
     return axes_a, axes_b
 
 
+def _as_operand(v):
+    """An operand whose shape the rules read: a Python scalar as a 0-d array."""
+    v = _as_array(v)
+    return v if hasattr(_raw(v), "shape") else np.asarray(v)
+
+
 def _to_order(o, v, source_axes):
     """``v`` (whose axis ``p`` is axis ``source_axes[p]`` of the target)
     transposed into the target's axis order."""
@@ -799,7 +805,7 @@ class tensordot:
         return array_module(a, b).tensordot(a, b, axes=axes)
 
     def prepare(a, b, axes=2):
-        a, b = _as_array(a), _as_array(b)
+        a, b = _as_operand(a), _as_operand(b)
         return a, b, _tensordot_axes(a, b, axes)
 
     def vjp_a(o, g, out, a, b, axes):

@@ -1451,6 +1451,9 @@ def _clip_masks(x, lo, hi):
     return (rx >= rlo) & inside, (rx < rlo) & inside, ~inside
 
 
+_CLIP_KEYWORDS = "min" in inspect.signature(np.clip).parameters     # NumPy >= 2.1
+
+
 def _sample_clip(draw):
     sx, slo, shi = draw.broadcastable(3)
     x = draw.array(sx)
@@ -1460,12 +1463,17 @@ def _sample_clip(draw):
         lo = np.asarray(draw.array(slo) - 0.6)
     if hi == "array":
         hi = np.asarray(draw.array(shi) + 0.8)
+    if _CLIP_KEYWORDS and draw.boolean():
+        return [x], {"min": lo, "max": hi}
     return [x, lo, hi], {}
 
 
-@op(numpy=np.clip, elementwise=True, sample=_sample_clip,
-    reference=lambda np, x, a_min=None, a_max=None: np.minimum(
-        np.maximum(x, -np.inf if a_min is None else a_min), np.inf if a_max is None else a_max))
+def _clip_reference(np, x, a_min=None, a_max=None, *, min=None, max=None):
+    lo, hi = a_min if min is None else min, a_max if max is None else max
+    return np.minimum(np.maximum(x, -np.inf if lo is None else lo), np.inf if hi is None else hi)
+
+
+@op(numpy=np.clip, elementwise=True, sample=_sample_clip, reference=_clip_reference)
 class clip:
     """``minimum(maximum(x, a_min), a_max)`` (a bound may be None; ``min=``
     and ``max=`` are NumPy 2.1's names for them).  Each
