@@ -155,26 +155,15 @@ def _find_lazy_locked(name: str):
 
 # ---- loading the library from Python -------------------------------------------
 
-#: The types of kina_fx.h that the exports' declarations use (ABI mode).
-_CDEF_TYPES = """
-typedef struct { int64_t rank; void *descriptor; } kina_unranked_memref_t;
-typedef uint64_t kina_tape_t;
-typedef uint64_t kina_fiber_t;
-typedef uint64_t kina_handler_t;
-typedef int64_t (*kina_fiber_fn)(void *arg);
-typedef int32_t (*kina_handler_fn)(void *ctx, int32_t effect, const int64_t *args, int32_t nargs, int64_t *out_value);
-"""
-
-
 def cdef() -> str:
     """Every C declaration of kina_fx.h that Python callers need (``ffi.CDEF``):
-    the types, then every export of the table (:mod:`kina_fx.ffi.exports`).
+    the types and every export of the table (:func:`kina_fx.ffi.exports.cdef`).
 
     Built on first use: the table's op rows come from the runtime op table,
     whose modules import NumPy."""
     from . import exports
 
-    return _CDEF_TYPES + exports.cdef()
+    return exports.cdef()
 
 
 def __getattr__(name):

@@ -311,9 +311,23 @@ BY_NAME = {row.name: row for row in EXPORTS}
 PYTHON_EXPORTS: tuple = tuple(row for row in EXPORTS if row.callback is not None)
 
 
+#: The types of kina_fx.h that the exports' parameters use, as cffi declares them
+#: (build.py's TYPES_CDEF declares the same for the embedded module; a test
+#: keeps the two equal).
+CDEF_TYPES = """\
+typedef struct { int64_t rank; void *descriptor; } kina_unranked_memref_t;
+typedef uint64_t kina_fiber_t;
+typedef uint64_t kina_handler_t;
+typedef uint64_t kina_tape_t;
+typedef int64_t (*kina_fiber_fn)(void *arg);
+typedef int32_t (*kina_handler_fn)(void *ctx, int32_t effect, const int64_t *args,
+                                   int32_t nargs, int64_t *out_value);
+"""
+
+
 def cdef() -> str:
-    """The C declarations of every export, for cffi's ABI mode (the types come first)."""
-    return "".join(row.prototype() + "\n" for row in EXPORTS)
+    """The C declarations of the types and every export, for cffi's ABI mode."""
+    return CDEF_TYPES + "".join(row.prototype() + "\n" for row in EXPORTS)
 
 
 # ---- generated files -------------------------------------------------------------------

@@ -86,6 +86,7 @@ def test_build_reads_the_table_through_the_preprocessor():
     assert build.export_rows() == [
         ("FAST" if row.fast else "PYTHON", row.name, row.callback, f"({row.c_parameters()})",
          f"({row.c_arguments()})") for row in exports.PYTHON_EXPORTS]
+    assert build.TYPES_CDEF == exports.CDEF_TYPES
     assert {row.name for row in EXPORTS if row.fast} == {
         "kina_perform", "kina_resume_fiber", "kina_get_perform_id", "kina_get_perform_args",
         "kina_fiber_state", "kina_fiber_result"}

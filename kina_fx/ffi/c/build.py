@@ -40,7 +40,10 @@ HEADER = "kina_fx.h"
 PKGCONFIG = "kina_fx.pc"
 MODULE = "_kina_fx_embedded"
 
-TYPES_CDEF = """
+# The types of kina_fx.h that the callbacks' parameters use: the text of
+# kina_fx.ffi.exports.CDEF_TYPES (which this script cannot import; a test keeps
+# the two equal).
+TYPES_CDEF = """\
 typedef struct { int64_t rank; void *descriptor; } kina_unranked_memref_t;
 typedef uint64_t kina_fiber_t;
 typedef uint64_t kina_handler_t;
@@ -48,6 +51,10 @@ typedef uint64_t kina_tape_t;
 typedef int64_t (*kina_fiber_fn)(void *arg);
 typedef int32_t (*kina_handler_fn)(void *ctx, int32_t effect, const int64_t *args,
                                    int32_t nargs, int64_t *out_value);
+"""
+
+# What kina_fx.ffi.binding calls in the embedded module besides the callbacks.
+INTERNAL_CDEF = """
 static void kina__set_last_error(const char *message);
 static void kina__set_init_error(const char *message);
 static const char *kina__callback_name(int i);
@@ -118,8 +125,8 @@ def make_ffi():
     with open(os.path.join(HERE, "kina_runtime.c")) as f:
         source = f.read()
     ffibuilder = cffi.FFI()
-    ffibuilder.cdef(TYPES_CDEF + "".join(f'extern "Python" int32_t {py}{params};\n'
-                                         for _path, _name, py, params, _args in export_rows()))
+    ffibuilder.cdef(TYPES_CDEF + INTERNAL_CDEF + "".join(
+        f'extern "Python" int32_t {py}{params};\n' for _path, _name, py, params, _args in export_rows()))
     ffibuilder.embedding_init_code(INIT_CODE)
     ffibuilder.set_source(MODULE, source)
     return ffibuilder
