@@ -29,6 +29,10 @@ Rules (docs/effects.md, "asyncio"):
   can mix both.  An async ``fun`` clause's result is the perform's value.  An
   async ``on`` clause receives an :class:`AsyncContinuation`: ``await
   k.resume(v)``.
+* An async clause runs where a plain clause would, stepped on the fiber (its
+  awaits go to the loop through the fiber): what it performs, and the code it
+  resumes, reach the same handlers as with a plain clause, those listed before
+  its handler included.
 * ``run(fn, *args, handlers=[...])`` runs ``fn(*args)`` under the handlers
   (outermost first).  ``fn`` may be a plain function or a coroutine function;
   a coroutine runs on the fiber too, so it can ``perform`` effects
@@ -53,6 +57,9 @@ __all__ = ["run", "handler", "await_only", "AsyncContinuation"]
 # effects (ids like any other), caught by run()'s Stepper and nothing else.
 _AWAIT = Effect("kina.aio.await")          # await this awaitable, answer its result
 _YIELD = Effect("kina.aio.yield")          # a coroutine's raw yield to the task
+# Answered True by an in-place handler at the bottom of every run(): "this code
+# runs on a fiber whose awaits reach the loop".
+_UNDER_RUN = Effect("kina.aio.under_run")
 
 
 def _outside_run(*args):
@@ -64,6 +71,8 @@ def _outside_run(*args):
 
 _AWAIT.default = _outside_run
 _YIELD.default = _outside_run
+_UNDER_RUN.default = lambda: False
+_UNDER_RUN_HANDLER = Handler(fun={_UNDER_RUN: lambda: True})
 
 
 def await_only(awaitable):
@@ -97,7 +106,11 @@ def _handled(fn, args, handlers):
         return result
     for h in reversed(handlers):
         body = (lambda inner, h: lambda: h.run(inner))(body, h)
-    return body
+
+    def under_run(handled=body):
+        with _UNDER_RUN_HANDLER:            # outside every handler of the list
+            return handled()
+    return under_run
 
 
 def _drive_coroutine(coro):
@@ -164,9 +177,12 @@ def _as_iterator(awaitable):
 class AsyncContinuation:
     """What an ``async def`` ``on`` clause receives: ``await k.resume(v)``.
 
-    The resumed code runs on a fiber of its own, driven by the clause's
-    coroutine, so its async clauses are awaited on the loop too.  Like the
-    continuation it wraps, it is one-shot.
+    Awaited by the clause itself, the resumed code runs right there, on the
+    clause's fiber, under the same handlers as after a plain clause's
+    ``k.resume(v)``; its awaits reach the loop through that fiber.  Awaited
+    from another task (``asyncio.create_task``, ``gather``, ``wait_for``), it
+    runs on a fiber of its own driven by that task, under that task's
+    handlers.  Like the continuation it wraps, it is one-shot.
     """
 
     __slots__ = ("_k",)
@@ -176,11 +192,11 @@ class AsyncContinuation:
 
     def resume(self, value=None):
         """A coroutine: continue the handled code with ``value``; return the handler's result."""
-        return _awaited(_Driver(lambda: self._k.resume(value)))
+        return _continue(self._k, False, value)
 
     def discontinue(self, exc):
         """A coroutine: continue the handled code by raising ``exc`` at its perform."""
-        return _awaited(_Driver(lambda: self._k.discontinue(exc)))
+        return _continue(self._k, True, exc)
 
     @property
     def resumed(self) -> bool:
@@ -190,9 +206,28 @@ class AsyncContinuation:
         return f"<AsyncContinuation of {self._k!r}>"
 
 
+async def _continue(k, throw, value):
+    if perform(_UNDER_RUN):
+        # Not a tail resume (the result is stored first): the clause's
+        # coroutine is waiting for it.
+        result = k.discontinue(value) if throw else k.resume(value)
+        return result
+    return await _Driver(lambda: k.discontinue(value) if throw else k.resume(value))
+
+
+# An async clause is run by a plain clause that steps its coroutine on the
+# fiber, where the plain clause itself runs: so its performs and the code it
+# resumes see the handlers a plain clause would (the ones outside its own).
+def _stepped(coro):
+    if not perform(_UNDER_RUN):
+        coro.close()                 # never started: no "never awaited" warning
+        raise ValidationError("an async clause of kina_fx.aio.handler() runs only under kina_fx.aio.run()")
+    return _drive_coroutine(coro)
+
+
 def _awaiting_fun(clause):
     def fun(*args):
-        return await_only(clause(*args))
+        return _stepped(clause(*args))
     fun.__name__ = fun.__qualname__ = getattr(clause, "__name__", "async_fun")
     fun.__wrapped__ = clause
     return fun
@@ -200,7 +235,7 @@ def _awaiting_fun(clause):
 
 def _awaiting_on(clause):
     def on(k, *args):
-        return await_only(clause(AsyncContinuation(k), *args))
+        return _stepped(clause(AsyncContinuation(k), *args))
     on.__name__ = on.__qualname__ = getattr(clause, "__name__", "async_on")
     on.__wrapped__ = clause
     return on
@@ -208,7 +243,7 @@ def _awaiting_on(clause):
 
 def _awaiting_value(clause):
     def value(x):
-        return await_only(clause(x))
+        return _stepped(clause(x))
     value.__wrapped__ = clause
     return value
 
