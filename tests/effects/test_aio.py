@@ -406,3 +406,29 @@ def test_resume_awaited_by_another_task_runs_under_that_tasks_handlers():
     with Handler(fun={Log: lambda m: logged.append(("task", m))}):
         assert run(aio.run(body, handlers=h)) == 5
     assert logged == [("task", "after")]
+
+
+def test_await_only_runs_the_awaitable_where_it_is_awaited():
+    # A coroutine awaited from sync code (await_only) performs to the handlers
+    # of that code, and a continuation resumed that way keeps them too.
+    logged = []
+
+    async def noted(x):
+        perform(Log, ("noted", x))
+        await asyncio.sleep(0)
+        return x
+
+    async def ask(k):
+        return helper(k)
+
+    def helper(k):                       # sync code called by the async clause
+        return aio.await_only(k.resume(aio.await_only(noted(7))))
+
+    def body():
+        x = perform(Ask)
+        perform(Log, ("after", x))
+        return aio.await_only(noted(x + 1))
+
+    h = [Handler(fun={Log: logged.append}), aio.handler(on={Ask: ask})]
+    assert run(aio.run(body, handlers=h)) == 8
+    assert logged == [("noted", 7), ("after", 7), ("noted", 8)]
