@@ -816,7 +816,7 @@ def _referenced_by_traceback(k, exc):
     return count
 
 
-_HOLDER_LEVELS = 4
+_HOLDER_LEVELS = 8
 _NOT_HOLDERS = (types.FrameType, types.CodeType, types.ModuleType, BaseException)
 
 

@@ -52,7 +52,7 @@ import sys
 from . import fibers
 from .errors import ValidationError
 from .fibers import RAISED, Chain
-from .handlers import Effect, Handler, perform
+from .handlers import FORWARD, Effect, Handler, perform
 
 __all__ = ["MultiHandler", "MultiContinuation", "ReplayDiverged"]
 
@@ -277,11 +277,14 @@ class _Run:
         fun = owner.fun.get(effect)
         try:
             # Not an ``on`` effect: a fun clause of ours answers it, or it goes
-            # on outward (this clause runs outside the run's handler).  Any
-            # exception, BaseExceptions included (a CancelledError, a
-            # KeyboardInterrupt, an outer abort's Unwind), is the perform's
-            # answer, as it would be without this handler in between.
-            value = fun(*args) if fun is not None else perform(effect, *args)
+            # on outward, also when the fun clause declines (FORWARD); this
+            # clause runs outside the run's handler.  Any exception,
+            # BaseExceptions included (a CancelledError, a KeyboardInterrupt,
+            # an outer abort's Unwind), is the perform's answer, as it would be
+            # without this handler in between.
+            value = FORWARD if fun is None else fun(*args)
+            if value is FORWARD:
+                value = perform(effect, *args)
         except BaseException as exc:
             return k.discontinue(exc)
         return k.resume(value)

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from kina_fx import ContinuationAlreadyResumed, Effect, Handler, Unhandled, perform
+from kina_fx import FORWARD, ContinuationAlreadyResumed, Effect, Handler, Unhandled, perform
 from kina_fx.multishot import MultiContinuation, MultiHandler, ReplayDiverged
 
 Choose = Effect("test.ms.choose")
@@ -503,3 +503,14 @@ def test_abort_cleanup_choice_resumed_twice_runs_the_cleanup_per_shot():
     h = MultiHandler(on={Get: lambda k: "dropped", Choose: every_shot})
     assert h.run(body) == "dropped"
     assert events == [("cleanup", "a"), ("cleanup", "b")]
+
+
+def test_fun_clause_that_declines_forwards_the_effect_outward():
+    # Found by the differential tests: the MultiHandler resumed the body with
+    # FORWARD itself instead of passing the effect on.
+    clauses = dict(on={Choose: all_solutions}, fun={Get: lambda: FORWARD}, ret=lambda v: [v])
+    outer = Handler(fun={Get: lambda: 42})
+    body = lambda: perform(Get) + choose([0, 1])        # noqa: E731
+    assert outer.run(MultiHandler(**clauses).run, body) == [42, 43]
+    with pytest.raises(Unhandled):
+        MultiHandler(**clauses).run(body)
