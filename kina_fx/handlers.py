@@ -773,6 +773,11 @@ def _abort_unless_kept(box, handler, exc):
     except fibers.Unwind as unwound:
         if unwound is not signal:
             raise
+        # Swallowed: drop its traceback, whose frames (this one, the driver's)
+        # hold the signal.  Left to the cycle collector, that cycle would keep
+        # every caller's frame alive, and what they reference: the
+        # continuation of an outer clause, then not aborted when it returns.
+        unwound.__traceback__ = None
     except BaseException as cleanup_error:
         if exc is not None and cleanup_error is not exc:
             cleanup_error.__context__ = exc

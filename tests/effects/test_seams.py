@@ -76,3 +76,30 @@ def test_cleanup_error_of_a_dropped_continuation_is_reported_by_the_default_hook
         assert proc.returncode == 0 and proc.stdout == "done\n", proc.stderr
         assert "Exception ignored while unwinding a dropped continuation" in proc.stderr, proc.stderr
         assert "KeyError: 'cleanup'" in proc.stderr and "TypeError" not in proc.stderr, proc.stderr
+
+
+def test_clause_returning_after_an_inner_abort_still_aborts_its_own_body():
+    # The inner handler's abort left a reference cycle (its Unwind's traceback
+    # through frames holding it) that kept the outer clause's frame, and so k,
+    # alive: the outer body was not aborted when the clause returned (its
+    # cleanup ran later, detached).  Found by the differential tests.
+    B = Effect("test.seams.b")
+    events = []
+
+    def inner_body():
+        perform(A)
+        perform(B)
+
+    def outer_clause(k):
+        held = Env(k)                    # noqa: F841 (k referenced from this frame)
+        inner = Handler(on={A: lambda k2: k2.resume(0), B: lambda k2: "inner early exit"})
+        return inner.run(inner_body)
+
+    def body():
+        try:
+            perform(C)
+        finally:
+            events.append("finally")
+
+    events.append(Handler(on={C: outer_clause}).run(body))
+    assert events == ["finally", "inner early exit"]
