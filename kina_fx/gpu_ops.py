@@ -332,6 +332,8 @@ def sigmoid(xp, x, out):
     if expit is not None:
         return expit(x) if out is None else expit(x, out=out)
     r = xp.multiply(x, 0.5, out=out)
+    if out is None:
+        r = xp.asarray(r)       # rank 0: NumPy returned a scalar, which out= cannot take
     xp.tanh(r, out=r)
     xp.multiply(r, 0.5, out=r)
     xp.add(r, 0.5, out=r)

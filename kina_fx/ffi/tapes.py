@@ -31,7 +31,12 @@ def _require(pointer, name):
 
 
 def _tape(handle) -> MemoryTape:
-    return tape_handles.get(int(handle) & 0xFFFFFFFFFFFFFFFF)
+    handle = int(handle) & 0xFFFFFFFFFFFFFFFF
+    tape = tape_handles.get(handle)
+    if tape.stale:
+        raise ValidationError(f"tape handle {handle:#x} is stale: the fiber it recorded on ended "
+                              "before kina_tape_end (kina_tape_free releases the handle)")
+    return tape
 
 
 def _with_views(fn, *buffers):
@@ -126,9 +131,9 @@ kina_py_mlir_tape_grad_f32 = kina_py_tape_grad
 
 
 def kina_py_tape_free(handle):
-    tape = _tape(handle)
-    tape.free()
-    tape_handles.remove(int(handle) & 0xFFFFFFFFFFFFFFFF)
+    handle = int(handle) & 0xFFFFFFFFFFFFFFFF
+    tape_handles.get(handle).free()         # a stale tape is freed from any thread
+    tape_handles.remove(handle)
     return 0
 
 
