@@ -146,8 +146,9 @@ def _make_callback(op):
     return callback
 
 
-#: Callback name -> function, for :func:`kina_fx.ffi.attach`.
-CALLBACKS = {op.callback: _make_callback(op) for op in RUNTIME_OPS}
+#: Callback name -> function, for :func:`kina_fx.ffi.attach` (floating-point
+#: conditions quiet: docs/abi.md).
+CALLBACKS = {op.callback: gpu_ops.quiet_fp(_make_callback(op)) for op in RUNTIME_OPS}
 
 
 def cdef() -> str:

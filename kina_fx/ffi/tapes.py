@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ValidationError
+from ..gpu_ops import quiet_fp
 from .effects import HandleTable
 from .ops import Operands
 from ..autograd.memory import MemoryTape, dtype_of_code
@@ -137,7 +138,8 @@ def kina_py_tape_free(handle):
     return 0
 
 
-CALLBACKS = {name: fn for name, fn in globals().items() if name.startswith("kina_py_")}
+#: Callback name -> function, floating-point conditions quiet (docs/abi.md).
+CALLBACKS = {name: quiet_fp(fn) for name, fn in globals().items() if name.startswith("kina_py_")}
 
 #: The C declarations of the tape ABI, for kina_fx.ffi.load_library (ABI mode).
 CDEF = """
