@@ -1,5 +1,6 @@
 """The tape ABI's decisions for calls that would otherwise give a silently wrong
-gradient or a surprising status (docs/autograd-abi.md, "Decisions"), through
+gradient or a surprising status (docs/autograd-abi.md: "Buffers a tape already
+knows", "Nested tapes", "Limits", "Errors"), through
 the real exports, in-process: watch of a produced buffer, constant of a watched
 or produced one, constants in nested tapes, failed calls changing nothing,
 rank-0 sigmoid, tapes left recording on a fiber or thread that ended.
