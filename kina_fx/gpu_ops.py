@@ -346,8 +346,17 @@ def _elementwise(fn):
 
 @_elementwise
 def neg(xp, x, out):
-    """``-x``."""
-    return xp.negative(x, out=out)
+    """``-x``.
+
+    NumPy 2.4's ``negative`` reads some strided inputs into strided outputs
+    as if they were contiguous (float32 with a step of 4 elements into an
+    output of step 4: ``out[i] = -x_base[i]``), so into an output that is not
+    contiguous it computes a fresh array and copies it (the same values, bit
+    for bit; tests/abi/test_runtime_ops.py::test_unary_on_stepped_buffers)."""
+    if out is None or xp is not np or (out.flags.c_contiguous and x.flags.c_contiguous):
+        return xp.negative(x, out=out)
+    out[...] = xp.negative(x)
+    return out
 
 
 @_elementwise
