@@ -87,7 +87,8 @@ class RuntimeOp:
 
     def __post_init__(self):
         effect = Effect("kina.runtime." + self.name)
-        effect.default = _memmove_default(self.kernel, len(self.inputs), self.overlap_safe)
+        effect.default = _memmove_default(self.kernel, self.check_output, len(self.inputs),
+                                          self.overlap_safe)
         object.__setattr__(self, "effect", effect)
 
     @property
@@ -114,17 +115,22 @@ class RuntimeOp:
         return getattr(autograd, self.primitive)(*self.primitive_args(*args))
 
 
-def _memmove_default(kernel, n, numpy_overlap_safe):
+def _memmove_default(kernel, check_output, n, numpy_overlap_safe):
     """The effect's default: the kernel, with memmove semantics (docs/abi.md):
     an input that may share memory with ``out`` is copied first, unless the
-    kernel is known to handle that (NumPy only: CuPy promises nothing)."""
+    kernel is known to handle that (NumPy only: CuPy promises nothing).  The
+    call is validated before that copy (docs/abi.md, "Check order"): an
+    invalid one must neither allocate nor read the caller's memory."""
     ndarray = np.ndarray
 
     def default(out, *args):
         if numpy_overlap_safe and out.__class__ is ndarray:
             return kernel(out, *args)
         xp = gpu_ops.array_module(out)
-        inputs = [gpu_ops.apart_from((out,), a, xp) for a in args[:n]]
+        inputs = args[:n]
+        if any(gpu_ops.may_overlap(out, a, xp) for a in inputs):
+            check_output(out, *args)
+            inputs = [gpu_ops.apart_from((out,), a, xp) for a in inputs]
         return kernel(out, *inputs, *args[n:])
     return default
 
