@@ -93,10 +93,10 @@ def diff(expected: list, actual: list, same, show) -> list[str]:
         if i < n and j < m and same(expected[i], actual[j]):
             lines.append(f"    {show(actual[j])}")
             i, j = i + 1, j + 1
-        elif j < m and (i == n or longest[i][j + 1] >= longest[i + 1][j]):
-            lines.append(f"  + {show(actual[j])}")
-            j += 1
-        else:
+        elif i < n and (j == m or longest[i + 1][j] >= longest[i][j + 1]):
             lines.append(f"  - {show(expected[i])}")
             i += 1
+        else:
+            lines.append(f"  + {show(actual[j])}")
+            j += 1
     return lines

@@ -24,7 +24,7 @@ except ImportError:        # the kit works without pytest; its failures are then
 # Kit frames are left out of pytest's tracebacks, as pytest-mock leaves out its own.
 __tracebackhide__ = True
 
-__all__ = ["Failure", "fail", "Pending"]
+__all__ = ["Failure", "fail", "pending"]
 
 _Base = pytest.fail.Exception if pytest is not None else BaseException
 
@@ -34,6 +34,8 @@ class Failure(_Base):  # type: ignore[misc,valid-type]
 
     A ``BaseException`` (pytest's ``Failed`` when pytest is installed), so that
     ``except Exception`` in the code under test does not catch it."""
+
+    __module__ = "kina_fx.testing"       # where users import it from
 
     def __init__(self, message: str):
         if pytest is not None:

@@ -38,13 +38,29 @@ _CALL_FAILED = pytest.StashKey[bool]()
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    if call.excinfo is not None and isinstance(call.excinfo.value, Failure):
-        call.excinfo.traceback = call.excinfo.traceback.filter(
-            lambda entry: not str(entry.path).startswith(_KINA_FX))
+    excinfo = call.excinfo
+    if excinfo is not None and isinstance(excinfo.value, Failure):
+        _unlink_kina_fx_frames(excinfo.tb)
+        excinfo.traceback = type(excinfo.traceback)(excinfo.tb)
     outcome = yield
     report = outcome.get_result()
     if report.when == "call":
         item.stash[_CALL_FAILED] = report.failed
+
+
+def _unlink_kina_fx_frames(tb):
+    """Leave kina_fx's frames out of a traceback (the first entry, pytest's, stays).
+
+    The traceback objects themselves are relinked: pytest cuts a traceback
+    at the test function by rebuilding it from the raw chain, which would
+    bring filtered entries back."""
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_KINA_FX):
+            kept.append(tb)
+        tb = tb.tb_next
+    for entry, after in zip(kept, kept[1:] + [None]):
+        entry.tb_next = after
 
 
 def _raise(message):
