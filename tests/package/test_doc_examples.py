@@ -96,10 +96,14 @@ def test_the_examples_are_found():
         assert b.page.read_text().splitlines()[b.line - 1:][:1] == b.code.splitlines()[:1]
 
 
+# The page's blocks run as the __main__ module (as a reader's script would),
+# compiled under the page's own name: a traceback names the page and shows its lines.
 RUN_AS_THE_PAGE = """
-import sys
-page, module = sys.argv[1:]
-exec(compile(open(module).read(), page, "exec"), {"__name__": "__main__"})
+import sys, types
+page, path = sys.argv[1:]
+main = sys.modules["__main__"] = types.ModuleType("__main__")
+main.__file__ = page
+exec(compile(open(path).read(), page, "exec"), main.__dict__)
 """
 
 
@@ -108,8 +112,6 @@ def test_python_examples_run_as_written(page, tmp_path):
     name = str(page.relative_to(ROOT))
     module = tmp_path / ("test_" + re.sub(r"\W", "_", name) + ".py")
     module.write_text(page_module(page))
-    # Run as a script compiled under the page's own name: a traceback names the
-    # page and shows its lines.
     result = subprocess.run([sys.executable, "-W", "error::DeprecationWarning:__main__", "-c", RUN_AS_THE_PAGE,
                              str(page), str(module)],
                             cwd=tmp_path, capture_output=True, text=True, timeout=600)

@@ -17,7 +17,7 @@ pytest_plugins = ["pytester"]
 
 HEADER = """
 from kina_fx import Effect, Handler, perform
-from kina_fx.testing import ANY, OUTER, ScriptedHandler, raises, returns, sequence
+from kina_fx.testing import ScriptedHandler, raises, sequence
 
 Ask = Effect("m.ask")
 Put = Effect("m.put")
@@ -196,7 +196,7 @@ def test_not_in_script():
 
 def test_reprs_are_readable(pytester):
     result = run(pytester, """
-from kina_fx.testing import Performed
+from kina_fx.testing import Performed, returns
 
 def test_reprs():
     mock = ScriptedHandler({Ask: sequence("y", raises(KeyError), returns(str)), Log: None})
@@ -341,6 +341,8 @@ def test_escapes(no_unhandled_effects):
 def test_the_same_tests_pass_once_the_code_is_right(pytester):
     """The passing side of the tests above: the same kit, code that is right."""
     result = run(pytester, TYPED + """
+from kina_fx.testing import ANY
+
 def test_all_right():
     mock = ScriptedHandler({Ask: sequence("y", "n"), Log: None, Price: lambda item, n: 1.5 * n})
     with mock:
