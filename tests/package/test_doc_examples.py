@@ -91,9 +91,10 @@ def test_the_examples_are_found():
         b.page.name for b in every if b.lang in PYTHON}
     assert [b for b in every if is_c_program(b)], "no complete C program in the docs"
     assert [b for b in every if is_mlir_program(b)], "no complete MLIR program in the docs"
-    # a block's first line is where the page has it
+    # a block's first line is where the page has it (a block in a list item is indented there)
     for b in every:
-        assert b.page.read_text().splitlines()[b.line - 1:][:1] == b.code.splitlines()[:1]
+        page_line = b.page.read_text().splitlines()[b.line - 1:][:1]
+        assert [line.strip() for line in page_line] == [line.strip() for line in b.code.splitlines()[:1]]
 
 
 # The page's blocks run as the __main__ module (as a reader's script would),
