@@ -5,11 +5,12 @@ makes the later shots of a continuation by running its body again from the
 start, answering the replayed performs from its record.  A ScriptedHandler
 installed *inside* such a body would see every replayed perform again: each
 perform would be recorded once per replay, and a :func:`sequence` would move
-on at each.  So the recording step of a scripted answer (append to
-``calls``, take a sequence's turn, check the arguments) is itself a perform,
-of a private effect whose ``default`` does it: a ``MultiHandler`` outside
-records its result like any effect that it forwards, and its replays answer
-it from the record without running it again.  Each perform is then recorded
+on at each.  So inside such a body (``multishot.under_multihandler()``) the
+recording step of a scripted answer (append to ``calls``, take a sequence's
+turn, check the arguments) is itself a perform, of a private effect whose
+``default`` does it: the ``MultiHandler`` records its result like any effect
+that it forwards, and its replays answer it from the record without running
+it again.  Elsewhere the step is a plain call.  Each perform is then recorded
 once per shot the user sees: once for the performs before the point a
 continuation was captured at, once per shot for those after.  The answer
 itself (a callable, ``OUTER``...) is given at the perform, in every run,
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 from .. import aio
 from ..handlers import Effect, Handler, perform
+from ..multishot import under_multihandler
 from . import describe, spec
 from .answers import OUTER, Sequence, give, is_called
 from .failures import fail, pending
@@ -62,15 +64,15 @@ class ScriptedHandler(Handler):
     """A handler that answers effects from a script and records every perform.
 
     ``ScriptedHandler({Get: 5, Fetch: lambda url: "<page>", Ask: sequence("y", "n"),
-    Boom: raises(KeyError), Log: OUTER, NewId: returns(str), Load: async_load})``:
-    the answers are described in :mod:`kina_fx.testing.answers`.  Every answer
+    Boom: raises(KeyError), Log: OUTER, NewId: returns(str), Load: async_load})``
+    (the answers: docs/testing.md, "Script answers").  Every answer
     is given in place (a ``fun`` clause), so the handler can be installed with
     ``with`` as well as used with ``run(fn, *args)`` (or ``await
     run_async(fn, *args)``, for code with async answers).  Effects not in the
     script are neither answered nor recorded.
 
-    Where an effect's type is known (:mod:`kina_fx.testing.spec`), the script
-    is checked against it here (``TypeError``) and each perform at the perform.
+    Where an effect's type is known (docs/testing.md, "Checked scripts"), the
+    script is checked against it here (``TypeError``) and each perform at the perform.
     A failure at a perform (a sequence run out, an answer that cannot take the
     arguments) is a :class:`~kina_fx.testing.Failure`, which the code under
     test cannot swallow: if it catches it anyway, the failure is raised again
@@ -115,7 +117,10 @@ class ScriptedHandler(Handler):
 
     def _clause(self, effect):
         def clause(*args):
-            answer = perform(_RECORD, self, effect, args)
+            if under_multihandler():
+                answer = perform(_RECORD, self, effect, args)
+            else:
+                answer = self._take_turn(effect, args)
             return give(answer, effect, args, self._types[effect], self._raised)
         clause.__name__ = clause.__qualname__ = f"scripted_{effect.name}"
         return clause

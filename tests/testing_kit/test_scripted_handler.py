@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kina_fx import Effect, Handler, Unhandled, aio, perform
-from kina_fx.multishot import MultiHandler
+from kina_fx import Effect, Handler, Stepper, Unhandled, aio, fiber, perform
+from kina_fx.multishot import MultiHandler, under_multihandler
 from kina_fx.testing import (ANY, OUTER, Failure, Performed, ScriptedHandler, raises, returns,
                              sequence)
 
@@ -116,6 +116,44 @@ def test_under_a_control_handler_in_fibers_and_through_forwarding():
         return perform(Get) + 1
     assert mock.run(lambda: inner.run(body)) == 11
     mock.assert_calls((Log, "put", 1), Get)
+
+
+def test_inside_a_stepper_that_catches_every_effect():
+    """The kit's own recording never reaches a Stepper's catch-all handler."""
+    mock = ScriptedHandler({Get: sequence(1, 2), Log: None})
+
+    def body():
+        with mock:
+            perform(Log, "before")
+            x = perform(Ask)                     # not scripted: suspends the Stepper
+            return x + perform(Get) + perform(Get)
+    stepper = Stepper(body)
+    assert stepper.step() == Stepper.SUSPENDED and stepper.effect is Ask
+    assert stepper.step(10) == Stepper.DONE and stepper.result == 13
+    mock.assert_calls((Log, "before"), Get, Get)
+
+
+def test_in_a_shallow_fiber():
+    mock = ScriptedHandler({Get: 5})
+    shallow = Handler(on={Ask: lambda k, v: ("asked", v)}, ret=lambda v: ("done", v))
+    k = fiber(lambda first: perform(Ask, perform(Get) + first))
+    with mock:
+        assert k.resume_with(1, shallow) == ("asked", 6)
+    mock.assert_calls(Get)
+
+
+def test_under_multihandler_says_whether_code_may_be_replayed():
+    seen = []
+
+    def body():
+        seen.append(under_multihandler())
+        perform(Choose, [1, 2])
+        seen.append(under_multihandler())
+        return 0
+    assert not under_multihandler()
+    amb.run(body)
+    assert seen == [True, True, True, True]
+    assert Handler(on={Ask: lambda k: k.resume(under_multihandler())}).run(lambda: perform(Ask)) is False
 
 
 # --- kit failures: raised so that the code under test cannot swallow them --------
