@@ -136,9 +136,11 @@ def give(answer, effect, args, effect_type, raised):
     if inspect.iscoroutine(result):
         result = _awaited(result, answer, effect, raised)
     if effect_type is not None and not spec.conforms(result, effect_type.answer):
+        hint = (f"\n  (to answer with the callable itself, script returns({_name(answer)}))"
+                if spec.conforms(answer, effect_type.answer) else "")
         fail(f"the script's answer for {effect.name}, {spec.where_defined(answer)}, returned "
              f"{describe.short_repr(result)} ({type(result).__name__}), but {effect.name} answers "
-             f"{spec.type_name(effect_type.answer)} ({effect_type.describe()})", raised)
+             f"{spec.type_name(effect_type.answer)} ({effect_type.describe()}){hint}", raised)
     return result
 
 

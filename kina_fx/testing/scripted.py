@@ -24,7 +24,7 @@ from .. import aio
 from ..handlers import Effect, Handler, perform
 from ..multishot import under_multihandler
 from . import describe, spec
-from .answers import OUTER, Sequence, give, is_called
+from .answers import OUTER, Raises, Returns, Sequence, give, is_called
 from .failures import fail, pending
 
 __tracebackhide__ = True
@@ -107,9 +107,10 @@ class ScriptedHandler(Handler):
                             f"the script's answer for {effect.name}, {spec.where_defined(item)}, cannot "
                             f"take {effect.name}'s {describe.plural(len(effect_type.params), 'parameter')} "
                             f"({effect_type.describe()}): {refused}")
-            elif (item is not OUTER and not hasattr(item, "exc")
-                  and not spec.conforms(getattr(item, "value", item), effect_type.answer)):
-                value = getattr(item, "value", item)
+            elif item is not OUTER and not isinstance(item, Raises):
+                value = item.value if isinstance(item, Returns) else item
+                if spec.conforms(value, effect_type.answer):
+                    continue
                 raise TypeError(
                     f"the script answers {effect.name} with {describe.short_repr(value)} "
                     f"({type(value).__name__}), but {effect.name} answers "

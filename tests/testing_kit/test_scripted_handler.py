@@ -247,6 +247,17 @@ def test_performs_and_answers_are_checked_at_the_perform():
     assert mock.run(perform, Anything, 1, 2, 3) == 3       # Effect[..., int]: any arguments
 
 
+Factory: Effect[[], type] = Effect("test.kit.factory")
+
+
+def test_a_callable_answer_for_an_effect_that_answers_callables_hints_at_returns():
+    mock = ScriptedHandler({Factory: dict})           # dict() is called: {} is not a type
+    with pytest.raises(Failure, match=r"returned \{\} \(dict\), but test.kit.factory answers type .*\n"
+                                      r"  \(to answer with the callable itself, script returns\(dict\)\)"):
+        mock.run(perform, Factory)
+    assert ScriptedHandler({Factory: returns(dict)}).run(perform, Factory) is dict
+
+
 def test_an_effects_default_gives_its_arity():
     Defaulted = Effect("test.kit.defaulted")
     Defaulted.default = lambda a, b: a + b
