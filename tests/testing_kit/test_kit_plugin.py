@@ -147,3 +147,45 @@ def test_caught_inside_the_block():
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["FAILED *test_caught_inside_the_block*"])
+
+
+def test_the_kit_works_without_pytest():
+    """Without pytest the kit's failures are plain BaseExceptions, and the
+    context manager still reports an escape the code swallowed."""
+    import subprocess
+    import sys
+    code = """
+import sys
+sys.modules["pytest"] = None                 # import pytest now fails
+from kina_fx import Effect, perform
+from kina_fx.testing import Failure, ScriptedHandler, forbid_unhandled_effects, sequence
+assert Failure.__mro__[1] is BaseException, Failure.__mro__
+Ask = Effect("nopytest.ask")
+mock = ScriptedHandler({Ask: sequence("y")})
+try:
+    with mock:
+        perform(Ask)
+        try:
+            perform(Ask)
+        except Exception:
+            pass
+except Failure as failure:
+    print("raised:", failure)
+try:
+    with forbid_unhandled_effects():
+        try:
+            perform(Ask)
+        except BaseException:
+            pass
+except Failure as failure:
+    print("escaped:", failure)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "raised: nopytest.ask was performed a 2nd time, but its script sequence('y') has 1 answer",
+        "  this perform: nopytest.ask()",
+        "  performed before: nopytest.ask()",
+        "escaped: effect nopytest.ask escaped unhandled: nopytest.ask() was performed where no "
+        "handler handles it",
+    ]
