@@ -25,4 +25,6 @@
     X(_mlir_ciface_runtime_max_f32, kina_py_runtime_max_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t keepdims), (out, x, axis, keepdims)) \
     X(_mlir_ciface_runtime_transpose_f32, kina_py_runtime_transpose_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, kina_unranked_memref_t *perm), (out, x, perm)) \
     X(_mlir_ciface_runtime_log_softmax_f32, kina_py_runtime_log_softmax_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis), (out, x, axis)) \
-    X(_mlir_ciface_runtime_cross_entropy_f32, kina_py_runtime_cross_entropy_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *logits, kina_unranked_memref_t *labels), (out, logits, labels))
+    X(_mlir_ciface_runtime_cross_entropy_f32, kina_py_runtime_cross_entropy_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *logits, kina_unranked_memref_t *labels), (out, logits, labels)) \
+    X(_mlir_ciface_runtime_all_reduce_f32, kina_py_runtime_all_reduce_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t op), (out, x, op)) \
+    X(_mlir_ciface_runtime_broadcast_f32, kina_py_runtime_broadcast_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t root), (out, x, root))
