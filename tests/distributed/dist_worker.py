@@ -129,6 +129,37 @@ def case_abi(out):
     save(out, "abi", results)
 
 
+# ---- CuPy's code paths on the NumPy-backed stand-in (tests/support/autograd.py) -----
+
+def case_cupy(out, path):
+    """With ``cupy=path`` ("host": staged through host memory; "cuda_aware": the
+    array handed to MPI as it is), device arrays come back as device arrays.
+    The stand-in is NumPy memory, so this checks kina_fx's glue, not a GPU."""
+    import types
+
+    from kina_fx import gpu_ops
+    from support.autograd import FakeCupy, FakeDeviceArray
+
+    fake = FakeCupy()
+    synchronized = []
+    fake.__dict__["cuda"] = types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(
+        synchronize=lambda: synchronized.append(1)))
+    gpu_ops._cupy = fake
+    results = {}
+    with dist.mpi(cupy=path, timeout=60):
+        r, n = dist.rank(), dist.world_size()
+        x = programs.value_input(9, "cupy", "float32", (2, 3), r).view(FakeDeviceArray)
+        values = {"all_reduce": dist.all_reduce(x, "sum"), "broadcast": dist.broadcast(x, n - 1),
+                  "all_gather": dist.all_gather(x),
+                  "reduce_scatter": dist.reduce_scatter(np.stack([x] * n).view(FakeDeviceArray), "sum"),
+                  "grad": ad.grad(lambda x: ad.sum(dist.all_reduce(x * x, "sum")))(x)}
+        for k, v in values.items():
+            assert isinstance(v, FakeDeviceArray), (k, type(v))
+            results[k] = np.asarray(v)
+        results["synchronized"] = len(synchronized)
+        save(out, "cupy", results)
+
+
 # ---- faults ------------------------------------------------------------------------
 
 def case_fault(out, mode, victim="1"):
@@ -178,6 +209,8 @@ def case_timeout_caught(out):
 
 def main(argv):
     case, out, *args = argv
+    if case == "cupy":                  # installs its own group, with the CuPy option
+        return case_cupy(out, *args)
     timeout = float(os.environ.get("DIST_TEST_TIMEOUT", "60"))
     abort = os.environ.get("DIST_TEST_ABORT", "1") == "1"
     with dist.mpi(timeout=timeout, abort_on_error=abort):

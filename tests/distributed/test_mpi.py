@@ -65,10 +65,12 @@ def _check_programs(ranks, n, seed, count):
                                            err_msg=f"program {seed + i} {program['steps']} rank {r} {k}")
 
 
-@pytest.mark.parametrize("n,seed", [(2, 100), (4, 200)])
-def test_generated_programs_differentiate_as_their_global_function(mpirun, n, seed):
+@pytest.mark.parametrize("n,seed,impl", [(2, 100, "compiled"), (4, 200, "compiled"),
+                                         (2, 300, "pure Python")])
+def test_generated_programs_differentiate_as_their_global_function(mpirun, n, seed, impl):
     count = 12
-    ranks = mpirun(n, "programs", seed, count).ranks()
+    env = {"KINA_FX_PURE_PYTHON": "1" if impl == "pure Python" else "0"}
+    ranks = mpirun(n, "programs", seed, count, env=env).ranks()
     _check_programs(ranks, n, seed, count)
 
 
@@ -140,3 +142,20 @@ def test_runtime_exports_under_mpi(mpirun, n):
         sq = (stack.astype(np.float64) ** 2).sum(axis=0)
         np.testing.assert_allclose(float(res["tape.value"]), (sq * wstack[r]).sum(), rtol=1e-5)
         np.testing.assert_allclose(res["tape.grad"], 2 * stack[r] * wstack.sum(axis=0), rtol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["host", "cuda_aware"])
+def test_device_arrays_on_the_cupy_stand_in(mpirun, path):
+    """The CuPy code path with NumPy-backed stand-in arrays (no GPU here): results
+    stay device arrays, staged ("host") or handed to MPI as they are ("cuda_aware",
+    after synchronising the stream)."""
+    n = 2
+    ranks = mpirun(n, "cupy", path).ranks()
+    stack = np.stack([programs.value_input(9, "cupy", "float32", (2, 3), r) for r in range(n)])
+    for r, res in enumerate(ranks):
+        np.testing.assert_array_equal(res["all_reduce"], stack.sum(axis=0))
+        np.testing.assert_array_equal(res["broadcast"], stack[n - 1])
+        np.testing.assert_array_equal(res["all_gather"], stack)
+        np.testing.assert_array_equal(res["reduce_scatter"], stack.sum(axis=0))
+        np.testing.assert_array_equal(res["grad"], 2 * stack[r] * n)
+        assert (int(res["synchronized"]) > 0) == (path == "cuda_aware")
