@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from . import autograd as ad
 from .autograd.ops_collective import all_gather, all_reduce, broadcast, reduce_scatter
 from .autograd.pytree import flatten
@@ -30,6 +32,7 @@ from .autograd.tensor import _raw
 from .collectives import (DEFAULT_TIMEOUT, GROUP, OPS, SINGLE, Group, MPIGroup, SingleProcess,
                           current_group, install_process_group, mpi, process_group, scope)
 from .errors import CommunicationError
+from .gpu_ops import array_module
 
 __all__ = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "rank",
            "world_size", "all_reduce_tree", "shard", "mpi", "scope", "Group", "SingleProcess",
@@ -55,27 +58,31 @@ def barrier() -> None:
 def all_reduce_tree(tree: Any, op: str = "sum", group: Group | None = None) -> Any:
     """:func:`all_reduce` of every leaf of a pytree (dicts, lists, tuples of
     arrays or Tensors) in one collective per dtype: the leaves are flattened
-    into one buffer, reduced, and cut back.  Same structure out."""
+    into one buffer, reduced, and cut back.  Same structure out; Tensors in
+    give Tensors out (differentiable), arrays give arrays (views of the
+    reduced buffer)."""
     group = current_group() if group is None else group
     leaves, rebuild = flatten(tree)
-    if not leaves:
-        return rebuild([])
+    values = [_raw(leaf) for leaf in leaves]
+    traced = any(isinstance(leaf, ad.Tensor) for leaf in leaves)
     buckets: dict = {}
-    for i, leaf in enumerate(leaves):
-        value = _raw(leaf)
-        dtype = getattr(value, "dtype", None)
-        buckets.setdefault(str(dtype), []).append(i)
+    for i, value in enumerate(values):
+        buckets.setdefault(str(getattr(value, "dtype", type(value).__name__)), []).append(i)
     out = list(leaves)
     for indices in buckets.values():
-        flat = [ad.reshape(leaves[i], (-1,)) for i in indices]
-        reduced = all_reduce(flat[0] if len(flat) == 1 else ad.concatenate(flat, 0), op, group)
+        if traced:
+            parts = [ad.reshape(leaves[i], (-1,)) for i in indices]
+            flat = parts[0] if len(parts) == 1 else ad.concatenate(parts, 0)
+        else:
+            xp = array_module(*[values[i] for i in indices])
+            flat = xp.concatenate([xp.ravel(values[i]) for i in indices])
+        reduced = all_reduce(flat, op, group)
         start = 0
         for i in indices:
-            shape = tuple(getattr(_raw(leaves[i]), "shape", ()))
-            size = 1
-            for side in shape:
-                size *= side
-            out[i] = ad.reshape(reduced[start:start + size], shape)
+            shape = tuple(getattr(values[i], "shape", ()))
+            size = int(np.prod(shape, dtype=np.int64))
+            piece = reduced[start:start + size]
+            out[i] = ad.reshape(piece, shape) if traced else piece.reshape(shape)
             start += size
     return rebuild(out)
 
