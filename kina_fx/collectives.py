@@ -42,7 +42,8 @@ from .errors import CommunicationError, KinaTypeError, UnimplementedError, Valid
 from .handlers import Effect, Handler, pop_handler, push_handler
 
 __all__ = ["OPS", "GROUP", "Group", "SingleProcess", "SINGLE", "MPIGroup", "scope", "mpi",
-           "current_group", "install_process_group", "process_group", "DEFAULT_TIMEOUT"]
+           "current_group", "install_process_group", "process_group", "finalize_mpi",
+           "AbortRequest", "DEFAULT_TIMEOUT"]
 
 #: The reduction operations, in the order of their ABI codes (``KINA_REDUCE_SUM`` = 0,
 #: ``KINA_REDUCE_MEAN`` = 1, ``KINA_REDUCE_MAX`` = 2, ``KINA_REDUCE_MIN`` = 3).
@@ -327,6 +328,9 @@ class MPIGroup(Group):
             raise CommunicationError(f"{what}: this group is unusable since an earlier failure "
                                      f"({self._failure})")
         MPI = self._MPI
+        if MPI.Is_finalized():
+            raise CommunicationError(f"{what}: MPI was finalized in this process "
+                                     "(kina_distributed_finalize or MPI.Finalize)")
         try:
             request = start()
             if self.timeout is None:
@@ -355,7 +359,7 @@ class MPIGroup(Group):
             return
         mine = _signature(seq, kind, op, root, x)
         every = np.empty((self.size, _SIGNATURE), np.int64)
-        self._run(lambda: self.comm.Iallgather(mine, every), f"{kind} (comparing the calls)",
+        self._run(lambda: self.comm.Iallgather(mine, every), kind,
                   (mine, every))
         if (every != mine).any():
             lines = [f"rank {r}: {_describe(sig)}" for r, sig in enumerate(every)]
@@ -444,12 +448,15 @@ class MPIGroup(Group):
     def abort(self, exc):
         if self.size == 1:
             return
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        sys.stderr.write(f"kina_fx.distributed: rank {self.rank} of {self.size} aborts the job "
-                         f"(an exception left the `with dist.mpi()` block there, and the other "
-                         f"ranks would wait for it for ever):\n{text}")
+        if isinstance(exc, AbortRequest):
+            why = f"kina_distributed_abort({exc.code}) was called there\n"
+        else:
+            why = ("an exception left the `with dist.mpi()` block there, and the other ranks "
+                   "would wait for it for ever:\n"
+                   + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        sys.stderr.write(f"kina_fx.distributed: rank {self.rank} of {self.size} aborts the job: {why}")
         sys.stderr.flush()
-        code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
+        code = exc.code if isinstance(exc, (SystemExit, AbortRequest)) and isinstance(exc.code, int) else 1
         self.comm.Abort(code or 1)
 
 
@@ -499,6 +506,29 @@ def process_group() -> Group:
         if _process_group is None:
             _process_group = MPIGroup()
         return _process_group
+
+
+def finalize_mpi() -> None:
+    """End MPI in this process (every process of the job calls it, as MPI_Finalize);
+    from then on the process group is :data:`SINGLE`.  Nothing to do if MPI was
+    never started here."""
+    global _process_group
+    with _process_lock:
+        _process_group = SINGLE
+    if "mpi4py.MPI" not in sys.modules:
+        return
+    MPI = _mpi()
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
+
+
+class AbortRequest(Exception):
+    """What :meth:`Group.abort` is given when a host asks for the abort itself
+    (``kina_distributed_abort(code)``): ``code`` is the exit status."""
+
+    def __init__(self, code: int):
+        super().__init__(f"abort requested with code {code}")
+        self.code = code
 
 
 def _default_group():

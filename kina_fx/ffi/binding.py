@@ -39,6 +39,7 @@ CALLBACK_MODULES = {
     "kina_fx.ffi.alloc": "lazy",
     "kina_fx.ffi.ops": "lazy",
     "kina_fx.ffi.tapes": "lazy",
+    "kina_fx.ffi.distributed": "lazy",
 }
 
 
@@ -187,9 +188,9 @@ def cdef() -> str:
 
     Built on first use: the op exports' declarations come from the op table,
     whose modules import NumPy."""
-    from . import ops as ffi_ops, tapes as ffi_tapes
+    from . import distributed as ffi_distributed, ops as ffi_ops, tapes as ffi_tapes
 
-    return _BASE_CDEF + ffi_ops.cdef() + ffi_tapes.CDEF
+    return _BASE_CDEF + ffi_ops.cdef() + ffi_tapes.CDEF + ffi_distributed.CDEF
 
 
 def __getattr__(name):

@@ -72,7 +72,8 @@ except BaseException as exc:
 """
 
 # The files holding X(...) export lines: the memref runtime and the effects ABI.
-EXPORT_TABLES = ("kina_runtime.c", "kina_runtime_ops.h", "kina_tape_exports.h", "kina_effects_exports.h")
+EXPORT_TABLES = ("kina_runtime.c", "kina_runtime_ops.h", "kina_tape_exports.h", "kina_effects_exports.h",
+                 "kina_distributed_exports.h")
 
 _EXPORT_LINE = re.compile(r"^\s*X\((\w+),\s*(\w+),\s*\(([^)]*)\),\s*\(([^)]*)\)\)", re.M)
 

@@ -374,6 +374,31 @@ int32_t _mlir_ciface_kina_tape_backward_f32(int64_t tape, kina_unranked_memref_t
 int32_t _mlir_ciface_kina_tape_grad_f32(int64_t tape, kina_unranked_memref_t *watched,
                                         kina_unranked_memref_t *out_grad);
 
+/* ---- Distributed: the process group (kina_fx.distributed, docs/distributed.md) ----
+ * The collective exports (_mlir_ciface_runtime_all_reduce_f32, ..._broadcast_f32)
+ * and the queries below run on the process group in scope: one process (world
+ * size 1) unless the host made MPI's COMM_WORLD the process group, with
+ * kina_distributed_init or by running with KINA_FX_DISTRIBUTED=mpi (a Python
+ * caller's `with dist.mpi(...)` around the call wins, as any handler).  Launch
+ * with mpiexec; every process runs the same calls in the same order.  A
+ * collective the other processes do not join within KINA_FX_DIST_TIMEOUT seconds
+ * (default 600) is KINA_STATUS_RESOURCE; different calls on different processes
+ * are KINA_STATUS_VALIDATION on every one of them.  [unstable] */
+/* Make MPI_COMM_WORLD the process group (starts MPI if the host did not); flags: 0. */
+int32_t kina_distributed_init(int32_t flags);
+/* End MPI in this process (every process calls it before exiting: MPICH's mpiexec
+ * ends the job when a process exits without it).  The process group is then one
+ * process again. */
+int32_t kina_distributed_finalize(void);
+/* This process's rank / the number of processes, in the group in scope. */
+int32_t kina_distributed_rank(int32_t *out_rank);
+int32_t kina_distributed_size(int32_t *out_size);
+/* Return when every process of the group in scope has called it. */
+int32_t kina_distributed_barrier(void);
+/* End every process of the group in scope with exit status `code` (after writing
+ * a line to stderr); returns 0 only on a group of one process. */
+int32_t kina_distributed_abort(int32_t code);
+
 
 #ifdef __cplusplus
 }

@@ -36,6 +36,7 @@
 #include "kina_effects_exports.h"
 #include "kina_runtime_ops.h"
 #include "kina_tape_exports.h"
+#include "kina_distributed_exports.h"
 #include "kina_fast_api.h"
 
 #define KINA_API __attribute__((visibility("default")))
@@ -368,6 +369,7 @@ static inline void kina__before_python(void)
 KINA_EXPORTS(KINA_DEFINE_EXPORT)
 KINA_RUNTIME_OP_EXPORTS(KINA_DEFINE_EXPORT)
 KINA_TAPE_EXPORTS(KINA_DEFINE_EXPORT)
+KINA_DISTRIBUTED_EXPORTS(KINA_DEFINE_EXPORT)
 KINA_EFFECT_EXPORTS(KINA_DEFINE_EXPORT)
 
 #define KINA_DEFINE_FAST_EXPORT(name, pyname, params, args)          \
@@ -393,6 +395,7 @@ KINA_EFFECT_FAST_EXPORTS(KINA_DEFINE_FAST_EXPORT)
 #define KINA_NAME_OF(name, pyname, params, args) #pyname,
 static const char *const kina__callback_names[] = {
     KINA_EXPORTS(KINA_NAME_OF) KINA_RUNTIME_OP_EXPORTS(KINA_NAME_OF) KINA_TAPE_EXPORTS(KINA_NAME_OF)
+    KINA_DISTRIBUTED_EXPORTS(KINA_NAME_OF)
     KINA_EFFECT_EXPORTS(KINA_NAME_OF)
     KINA_EFFECT_FAST_EXPORTS(KINA_NAME_OF) NULL};
 
