@@ -64,9 +64,14 @@ def current_group() -> "Group":
 
 # ---- validation shared by every group --------------------------------------------
 
+#: The element types every group communicates (each has an MPI type).
+_DTYPES = tuple(np.dtype(c) for c in ("f4", "f8", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8",
+                                      "c8", "c16"))
+_DTYPE_CODE = {dt: i for i, dt in enumerate(_DTYPES)}
+
 def _as_array(x):
     if isinstance(x, np.ndarray):
-        return x
+        return x if x.dtype.isnative else x.astype(x.dtype.newbyteorder("="))
     cp = gpu_ops.array_module(x)
     if cp is not np:
         return x
@@ -79,8 +84,9 @@ def _check_dtype(x, op, what):
     dt = x.dtype
     if dt.kind not in "fiuc":
         raise KinaTypeError(f"{what}: arrays of {dt} cannot be communicated (numbers only)")
-    if dt.itemsize < 4 and dt.kind == "f":
-        raise UnimplementedError(f"{what}: {dt} has no standard MPI type; cast to float32")
+    if dt not in _DTYPE_CODE:
+        hint = "; cast to float32" if dt.kind == "f" and dt.itemsize < 4 else ""
+        raise UnimplementedError(f"{what}: {dt} has no standard MPI type{hint}")
     if op in ("max", "min") and dt.kind == "c":
         raise KinaTypeError(f"{what}: complex numbers have no {op}")
     if op == "mean" and dt.kind in "iu":
@@ -238,26 +244,27 @@ def _default_timeout():
 
 
 # What the processes compare before a collective moves data (MPIGroup.check):
-# [sequence number, collective, op, root, dtype, ndim, 8 sides, crc of the shape].
+# [sequence number, collective, op, root, dtype, ndim, 8 sides, crc of a longer shape].
 _KINDS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier")
-_DTYPES = tuple(np.dtype(c) for c in ("f4", "f8", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8",
-                                      "c8", "c16"))
+_KIND_CODE = {kind: i for i, kind in enumerate(_KINDS)}
+_OP_CODE = {op: i for i, op in enumerate(OPS)}
 _SIDES = 8
 _SIGNATURE = 7 + _SIDES
+_NO_ARRAY = [-1] * (_SIGNATURE - 4)
 
 
 def _signature(seq, kind, op, root, x):
-    sig = np.full(_SIGNATURE, -1, np.int64)
-    sig[0], sig[1] = seq, _KINDS.index(kind)
-    sig[2] = OPS.index(op) if op is not None else -1
-    sig[3] = -1 if root is None else root
-    if x is not None:
-        shape = tuple(int(s) for s in x.shape)
-        sig[4] = _DTYPES.index(np.dtype(x.dtype))
-        sig[5] = len(shape)
-        sig[6:6 + min(len(shape), _SIDES)] = shape[:_SIDES]
-        sig[-1] = zlib.crc32(repr(shape).encode())
-    return sig
+    sig = [seq, _KIND_CODE[kind], -1 if op is None else _OP_CODE[op], -1 if root is None else root]
+    if x is None:
+        sig += _NO_ARRAY
+    else:
+        shape = x.shape
+        ndim = len(shape)
+        sig += [_DTYPE_CODE[x.dtype], ndim]
+        sig += shape[:_SIDES]
+        sig += [-1] * (_SIDES - min(ndim, _SIDES))
+        sig.append(zlib.crc32(repr(shape).encode()) if ndim > _SIDES else -1)
+    return np.array(sig, np.int64)
 
 
 def _describe(sig) -> str:
@@ -312,6 +319,7 @@ class MPIGroup(Group):
         self._failure: Optional[str] = None
         self._stranded: list = []       # (request, buffers) MPI may still be using
         self._nccl = None
+        self._ops = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 
     def __repr__(self):
         return f"<MPIGroup rank {self.rank} of {self.size}>"
@@ -336,6 +344,8 @@ class MPIGroup(Group):
             if self.timeout is None:
                 request.Wait()
                 return
+            if request.Test():
+                return
             now = time.monotonic()
             deadline, spin_until, pause = now + self.timeout, now + 2e-4, 1e-5
             while not request.Test():
@@ -359,9 +369,8 @@ class MPIGroup(Group):
             return
         mine = _signature(seq, kind, op, root, x)
         every = np.empty((self.size, _SIGNATURE), np.int64)
-        self._run(lambda: self.comm.Iallgather(mine, every), kind,
-                  (mine, every))
-        if (every != mine).any():
+        self._run(lambda: self.comm.Iallgather(mine, every), kind, (mine, every))
+        if every.tobytes() != mine.tobytes() * self.size:
             lines = [f"rank {r}: {_describe(sig)}" for r, sig in enumerate(every)]
             message = (f"{kind}: the processes made different calls (every rank must call the "
                        "same collectives in the same order with the same shapes): "
@@ -373,6 +382,8 @@ class MPIGroup(Group):
 
     def _wire(self, x):
         """``(contiguous array MPI can read, function giving a result back in x's module)``."""
+        if x.__class__ is np.ndarray and x.flags.c_contiguous:
+            return x, _same
         xp = gpu_ops.array_module(x)
         if xp is not np and self.cupy == "host":
             x, back = x.get(), xp.asarray
@@ -399,9 +410,8 @@ class MPIGroup(Group):
             return nccl.all_reduce(x, op)
         send, back = self._wire(x)
         recv = _empty_like(send)
-        mpi_op = {"sum": self._MPI.SUM, "mean": self._MPI.SUM, "max": self._MPI.MAX,
-                  "min": self._MPI.MIN}[op]
-        self._run(lambda: self.comm.Iallreduce(_buf(send), _buf(recv), mpi_op), f"all_reduce({op!r})",
+        mpi_op = self._ops[op]
+        self._run(lambda: self.comm.Iallreduce(_buf(send), _buf(recv), mpi_op), "all_reduce",
                   (send, recv))
         if op == "mean":
             recv /= self.size
@@ -414,7 +424,7 @@ class MPIGroup(Group):
             return nccl.broadcast(x, root)
         send, back = self._wire(x)
         buf = _copy(send)
-        self._run(lambda: self.comm.Ibcast(_buf(buf), root), f"broadcast(root={root})", (buf,))
+        self._run(lambda: self.comm.Ibcast(_buf(buf), root), "broadcast", (buf,))
         return back(buf)
 
     def _all_gather(self, x):
@@ -435,7 +445,7 @@ class MPIGroup(Group):
         send, back = self._wire(x)
         recv = _empty_like(send, tuple(send.shape[1:]))
         self._run(lambda: self.comm.Ireduce_scatter_block(_buf(send), _buf(recv), self._MPI.SUM),
-                  f"reduce_scatter({op!r})", (send, recv))
+                  "reduce_scatter", (send, recv))
         if op == "mean":
             recv /= self.size
         return back(recv)
@@ -465,7 +475,8 @@ def _same(x):
 
 
 def _empty_like(x, shape=None):
-    return gpu_ops.array_module(x).empty(x.shape if shape is None else shape, dtype=x.dtype)
+    xp = np if x.__class__ is np.ndarray else gpu_ops.array_module(x)
+    return xp.empty(x.shape if shape is None else shape, dtype=x.dtype)
 
 
 def _buf(x):

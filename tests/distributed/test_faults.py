@@ -18,16 +18,19 @@ LONG = {"DIST_TEST_TIMEOUT": "120"}     # a timeout that must not be what ends t
 QUICK = 40                               # seconds: the job must be over well before LONG
 
 
-def _ended_early(launch):
+def _ended_early(launch, victim=1):
+    """Over well before the timeout, the misbehaving rank having reached step 2,
+    and no rank having finished step 2.  (Whether the other ranks printed their
+    step 1 before the job ended is a race, so it is not checked.)"""
     assert launch.seconds < QUICK, f"took {launch.seconds:.1f} s:\n{launch.output}"
+    assert f"rank {victim} finished step 1" in launch.output, launch.output
     assert "finished step 2" not in launch.output, launch.output
-    assert launch.output.count("finished step 1") == launch.n, launch.output
 
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_an_exception_on_one_rank_aborts_the_job(mpirun, n):
     launch = mpirun(n, "fault", "raise", n - 1, env=LONG)
-    _ended_early(launch)
+    _ended_early(launch, n - 1)
     assert launch.result.returncode != 0
     assert f"kina_fx.distributed: rank {n - 1} of {n} aborts the job" in launch.result.stderr
     assert "RuntimeError: rank failed on purpose in step 2" in launch.result.stderr
@@ -44,12 +47,12 @@ def test_sys_exit_inside_the_block_aborts_too(mpirun):
 def test_a_rank_that_exits_mid_step_ends_the_job(mpirun, n, victim):
     """os._exit skips every Python cleanup: MPICH's mpiexec ends the others
     (its exit status is then the exiting rank's own, 0 here: see the docs)."""
-    _ended_early(mpirun(n, "fault", "exit", victim, env=LONG))
+    _ended_early(mpirun(n, "fault", "exit", victim, env=LONG), victim)
 
 
 def test_a_killed_rank_ends_the_job(mpirun):
     launch = mpirun(4, "fault", "kill", 3, env=LONG)
-    _ended_early(launch)
+    _ended_early(launch, 3)
     assert launch.result.returncode != 0
 
 
