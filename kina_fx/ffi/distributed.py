@@ -57,12 +57,3 @@ def kina_py_distributed_abort(code):
 
 CALLBACKS = {name: fn for name, fn in globals().items() if name.startswith("kina_py_")}
 
-#: The C declarations of the distributed exports, for kina_fx.ffi.load_library (ABI mode).
-CDEF = """
-int32_t kina_distributed_init(int32_t flags);
-int32_t kina_distributed_finalize(void);
-int32_t kina_distributed_rank(int32_t *out_rank);
-int32_t kina_distributed_size(int32_t *out_size);
-int32_t kina_distributed_barrier(void);
-int32_t kina_distributed_abort(int32_t code);
-"""
