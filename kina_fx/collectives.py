@@ -291,8 +291,11 @@ class MPIGroup(Group):
       and the group refuses every later collective (MPI may still hold the
       buffers of the abandoned call; they are kept alive).
     * ``check``: compare every process's call before moving data (one small
-      all-gather per collective); a mismatch is ValidationError on every
-      process, and the group refuses later collectives.
+      all-gather per collective, polled against the timeout); a mismatch is
+      ValidationError on every process, and the group refuses later
+      collectives.  Once the comparison has shown every process there, the
+      data moves with MPI's blocking call; without the check, the data call
+      itself is the one polled against the timeout.
     * ``cupy``: how CuPy arrays travel -- ``"host"`` (copied to host memory and
       back: works with any MPI), ``"cuda_aware"`` (device pointers given to a
       CUDA-aware MPI), ``"nccl"`` (``cupy.cuda.nccl``, a NCCL communicator
@@ -330,8 +333,12 @@ class MPIGroup(Group):
         self._failure = message
         raise CommunicationError(message)
 
-    def _run(self, start: Callable, what: str, buffers: tuple) -> None:
-        """Start a nonblocking MPI call and wait for it, at most ``timeout`` seconds."""
+    def _run(self, start: Callable, what: str, buffers: tuple, blocking: Callable = None) -> None:
+        """Start the nonblocking MPI call ``start`` and wait for it, at most ``timeout``
+        seconds -- or make the ``blocking`` one where nothing can wait for ever:
+        without a timeout, or once the call comparison (``check``) has shown every
+        process here.  (MPICH's blocking collectives are also faster than its
+        nonblocking ones on large messages.)"""
         if self._failure is not None:
             raise CommunicationError(f"{what}: this group is unusable since an earlier failure "
                                      f"({self._failure})")
@@ -340,6 +347,9 @@ class MPIGroup(Group):
             raise CommunicationError(f"{what}: MPI was finalized in this process "
                                      "(kina_distributed_finalize or MPI.Finalize)")
         try:
+            if blocking is not None and (self.check or self.timeout is None):
+                blocking()
+                return
             request = start()
             if self.timeout is None:
                 request.Wait()
@@ -412,7 +422,7 @@ class MPIGroup(Group):
         recv = _empty_like(send)
         mpi_op = self._ops[op]
         self._run(lambda: self.comm.Iallreduce(_buf(send), _buf(recv), mpi_op), "all_reduce",
-                  (send, recv))
+                  (send, recv), lambda: self.comm.Allreduce(_buf(send), _buf(recv), mpi_op))
         if op == "mean":
             recv /= self.size
         return back(recv)
@@ -424,7 +434,8 @@ class MPIGroup(Group):
             return nccl.broadcast(x, root)
         send, back = self._wire(x)
         buf = _copy(send)
-        self._run(lambda: self.comm.Ibcast(_buf(buf), root), "broadcast", (buf,))
+        self._run(lambda: self.comm.Ibcast(_buf(buf), root), "broadcast", (buf,),
+                  lambda: self.comm.Bcast(_buf(buf), root))
         return back(buf)
 
     def _all_gather(self, x):
@@ -434,7 +445,8 @@ class MPIGroup(Group):
             return nccl.all_gather(x)
         send, back = self._wire(x)
         recv = _empty_like(send, (self.size,) + tuple(send.shape))
-        self._run(lambda: self.comm.Iallgather(_buf(send), _buf(recv)), "all_gather", (send, recv))
+        self._run(lambda: self.comm.Iallgather(_buf(send), _buf(recv)), "all_gather", (send, recv),
+                  lambda: self.comm.Allgather(_buf(send), _buf(recv)))
         return back(recv)
 
     def _reduce_scatter(self, x, op):
@@ -445,7 +457,8 @@ class MPIGroup(Group):
         send, back = self._wire(x)
         recv = _empty_like(send, tuple(send.shape[1:]))
         self._run(lambda: self.comm.Ireduce_scatter_block(_buf(send), _buf(recv), self._MPI.SUM),
-                  "reduce_scatter", (send, recv))
+                  "reduce_scatter", (send, recv),
+                  lambda: self.comm.Reduce_scatter_block(_buf(send), _buf(recv), self._MPI.SUM))
         if op == "mean":
             recv /= self.size
         return back(recv)
@@ -453,7 +466,7 @@ class MPIGroup(Group):
     def _barrier(self):
         self._agree("barrier")
         if not self.check:      # (with check, agreeing was a barrier already)
-            self._run(self.comm.Ibarrier, "barrier", ())
+            self._run(self.comm.Ibarrier, "barrier", (), self.comm.Barrier)
 
     def abort(self, exc):
         if self.size == 1:

@@ -211,9 +211,11 @@ def main(argv):
     case, out, *args = argv
     if case == "cupy":                  # installs its own group, with the CuPy option
         return case_cupy(out, *args)
-    timeout = float(os.environ.get("DIST_TEST_TIMEOUT", "60"))
+    timeout = os.environ.get("DIST_TEST_TIMEOUT", "60")
     abort = os.environ.get("DIST_TEST_ABORT", "1") == "1"
-    with dist.mpi(timeout=timeout, abort_on_error=abort):
+    check = os.environ.get("DIST_TEST_CHECK", "1") == "1"
+    with dist.mpi(timeout=None if timeout == "none" else float(timeout), check=check,
+                  abort_on_error=abort):
         globals()["case_" + case](out, *args)
 
 

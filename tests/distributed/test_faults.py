@@ -56,8 +56,10 @@ def test_a_killed_rank_ends_the_job(mpirun):
     assert launch.result.returncode != 0
 
 
-def test_a_rank_that_hangs_times_the_others_out(mpirun):
-    launch = mpirun(2, "fault", "hang", env={"DIST_TEST_TIMEOUT": "3"})
+@pytest.mark.parametrize("check", ["1", "0"])
+def test_a_rank_that_hangs_times_the_others_out(mpirun, check):
+    """Caught by the call comparison's wait, or (check=False) by the data call's."""
+    launch = mpirun(2, "fault", "hang", env={"DIST_TEST_TIMEOUT": "3", "DIST_TEST_CHECK": check})
     assert launch.seconds < QUICK, launch.output
     assert "finished step 2" not in launch.output
     assert "CommunicationError" in launch.result.stderr

@@ -25,9 +25,17 @@ pytestmark = pytest.mark.integration
 SIZES = [2, 4]
 
 
-@pytest.mark.parametrize("n", SIZES)
-def test_values_match_numpy_on_the_stacked_inputs(mpirun, n):
-    ranks = mpirun(n, "values", 5).ranks()
+#: The ways a group can move data: after the call comparison (blocking MPI calls),
+#: without it (nonblocking calls polled against the timeout), and with neither
+#: the comparison nor a timeout (blocking calls).
+MODES = {"checked": {}, "unchecked, polled": {"DIST_TEST_CHECK": "0"},
+         "unchecked, no timeout": {"DIST_TEST_CHECK": "0", "DIST_TEST_TIMEOUT": "none"}}
+
+
+@pytest.mark.parametrize("n,mode", [(2, "checked"), (4, "checked"), (2, "unchecked, polled"),
+                                    (4, "unchecked, polled"), (2, "unchecked, no timeout")])
+def test_values_match_numpy_on_the_stacked_inputs(mpirun, n, mode):
+    ranks = mpirun(n, "values", 5, env=MODES[mode]).ranks()
     for r, res in enumerate(ranks):
         assert int(res["rank"]) == r and int(res["size"]) == n
     for key, dtype, shape in programs.VALUE_SPECS:
