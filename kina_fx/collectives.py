@@ -69,6 +69,7 @@ _DTYPES = tuple(np.dtype(c) for c in ("f4", "f8", "i1", "i2", "i4", "i8", "u1", 
                                       "c8", "c16"))
 _DTYPE_CODE = {dt: i for i, dt in enumerate(_DTYPES)}
 
+
 def _as_array(x):
     if isinstance(x, np.ndarray):
         return x if x.dtype.isnative else x.astype(x.dtype.newbyteorder("="))

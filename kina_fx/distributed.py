@@ -21,9 +21,8 @@ The optional extra ``kina_fx[mpi]`` installs mpi4py and MPICH.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
-
-import numpy as np
 
 from . import autograd as ad
 from .autograd.ops_collective import all_gather, all_reduce, broadcast, reduce_scatter
@@ -67,7 +66,7 @@ def all_reduce_tree(tree: Any, op: str = "sum", group: Group | None = None) -> A
     traced = any(isinstance(leaf, ad.Tensor) for leaf in leaves)
     buckets: dict = {}
     for i, value in enumerate(values):
-        buckets.setdefault(str(getattr(value, "dtype", type(value).__name__)), []).append(i)
+        buckets.setdefault(getattr(value, "dtype", type(value)), []).append(i)
     out = list(leaves)
     for indices in buckets.values():
         if traced:
@@ -80,7 +79,7 @@ def all_reduce_tree(tree: Any, op: str = "sum", group: Group | None = None) -> A
         start = 0
         for i in indices:
             shape = tuple(getattr(values[i], "shape", ()))
-            size = int(np.prod(shape, dtype=np.int64))
+            size = math.prod(shape)
             piece = reduced[start:start + size]
             out[i] = ad.reshape(piece, shape) if traced else piece.reshape(shape)
             start += size
