@@ -9,8 +9,8 @@ tested by their own suites) whose parameters are memrefs and int32 scalars
 gets a row: its name, each parameter's kind (memref or int32), role and
 element size, and a stub that calls it with arguments taken from arrays.
 The table says each memref's role (``out``: written; ``inout``: alloc's
-descriptor; else read) and element type (f32, f16, i64; alloc's: any, fuzzed
-as 4-byte elements).
+descriptor; else read) and element type (f32, f16, i64, i32; alloc's: any,
+fuzzed as 4-byte elements).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLES = {"in": "KF_IN", "out": "KF_OUT", "inout": "KF_ALLOC"}
-ELEMENT_SIZES = {"f32": 4, "f16": 2, "i64": 8, None: 4}
+ELEMENT_SIZES = {"f32": 4, "f16": 2, "i64": 8, "i32": 4, None: 4}
 
 
 def native_build():

@@ -46,7 +46,7 @@ class Param:
 
     ctype: str
     name: str
-    element: str | None = None      # memrefs: "f32", "f16" or "i64"; None: any
+    element: str | None = None      # memrefs: "f32", "f16", "i64" or "i32"; None: any
     role: str = "in"
 
     @property
@@ -72,7 +72,10 @@ def memref(name: str, element: str | None = None, role: str = "in") -> Param:
 
 @dataclass(frozen=True)
 class Export:
-    """One exported function (see the module docstring)."""
+    """One exported function (see the module docstring).  Its name must match a
+    pattern of kina_fx/ffi/c/exports.map (``kina_*``, ``runtime_*``,
+    ``_mlir_ciface_kina_*``, ``_mlir_ciface_runtime_*``): the library exports
+    nothing else."""
 
     name: str
     params: tuple                   # of Param; () is (void)
@@ -130,7 +133,7 @@ def op_callback(op: RuntimeOp) -> str:
 
 
 #: A runtime op operand's dtype -> its element type in export names and MLIR.
-ELEMENTS = {"float32": "f32", "float16": "f16", "int64": "i64"}
+ELEMENTS = {"float32": "f32", "float16": "f16", "int64": "i64", "int32": "i32"}
 
 
 def _op_row(op: RuntimeOp) -> Export:
