@@ -367,3 +367,21 @@ def test_a_bad_timeout_in_the_environment(monkeypatch):
     monkeypatch.setenv("KINA_FX_DIST_TIMEOUT", "soon")
     with pytest.raises(ValidationError, match="KINA_FX_DIST_TIMEOUT"):
         collectives._default_timeout()
+
+
+def test_other_threads_see_the_process_group_not_the_scope():
+    import threading
+
+    def size_in_a_thread():
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(dist.world_size()))
+        thread.start()
+        thread.join()
+        return seen[0]
+    with dist.scope(Recording(3)):
+        assert dist.world_size() == 3 and size_in_a_thread() == 1
+    dist.install_process_group(Recording(5))
+    try:
+        assert size_in_a_thread() == 5
+    finally:
+        dist.install_process_group(None)
