@@ -32,6 +32,8 @@ class Communicator:
         uid = nccl.get_unique_id() if group.rank == 0 else None
         uid = group.comm.bcast(uid, root=0)
         self._comm = nccl.NcclCommunicator(group.size, uid, group.rank)
+        # ncclCommGetAsyncError exists from NCCL 2.4 (cupy raises RuntimeError before).
+        self._async_errors = nccl.get_version() >= 2400
         self._types = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64,
                        np.dtype(np.int32): nccl.NCCL_INT32, np.dtype(np.int64): nccl.NCCL_INT64,
                        np.dtype(np.int8): nccl.NCCL_INT8, np.dtype(np.uint8): nccl.NCCL_UINT8,
@@ -52,11 +54,10 @@ class Communicator:
         timeout = self._group.timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         while not stream.done:
-            check = getattr(self._comm, "check_async_error", None)
-            if check is not None:
+            if self._async_errors:
                 try:
-                    check()
-                except Exception as exc:
+                    self._comm.check_async_error()
+                except self._nccl.NcclError as exc:
                     self._group._fail(f"{what}: NCCL error: {exc}")
             if deadline is not None and time.monotonic() > deadline:
                 self._comm.abort()
