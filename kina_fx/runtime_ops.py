@@ -35,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import gpu_ops
+from . import collectives, gpu_ops
 from .errors import UnimplementedError, ValidationError
 from .handlers import Effect
 
@@ -210,6 +210,36 @@ def _copy_to_device_kernel(out, src, device):
     return _copy_kernel(out, src)
 
 
+# ---- collectives: on the group in scope (kina_fx.collectives) ---------------------
+
+def _all_reduce_check(x, op):
+    collectives.op_of_code(op)
+    return x.shape
+
+
+def _broadcast_check(x, root):
+    if root < 0:
+        raise ValidationError(f"broadcast: root {root} out of range (ranks are >= 0)")
+    return x.shape
+
+
+def _into(out, shape, name):
+    if tuple(out.shape) != tuple(shape):
+        raise ValidationError(f"{name}: out has shape {tuple(out.shape)}, expected {tuple(shape)}")
+
+
+def _all_reduce_kernel(out, x, op):
+    _into(out, _all_reduce_check(x, op), "all_reduce")
+    out[...] = collectives.current_group().all_reduce(x, collectives.op_of_code(op))
+    return out
+
+
+def _broadcast_kernel(out, x, root):
+    _into(out, _broadcast_check(x, root), "broadcast")
+    out[...] = collectives.current_group().broadcast(x, root)
+    return out
+
+
 # ---- the primitives' arguments, from the export's -----------------------------
 
 def _reduction_args(x, axis, keepdims):
@@ -300,6 +330,16 @@ RUNTIME_OPS: tuple = (
               lambda out, logits, labels: gpu_ops.cross_entropy(logits, labels, out),
               _cross_entropy_check, "cross_entropy",
               "out (rank 0) = mean over samples of -log_softmax(logits)[label], classes last"),
+    # The collectives (kina_fx.collectives): on the group in scope, one process by default.
+    RuntimeOp("all_reduce", "_mlir_ciface_runtime_all_reduce_f32", OUT, (X,), ("op",),
+              _all_reduce_kernel, _all_reduce_check, "all_reduce",
+              "out = `op` of every process's x, elementwise (KINA_REDUCE_SUM, _MEAN, _MAX, _MIN); "
+              "a copy of x on one process",
+              primitive_args=lambda x, op: (x, collectives.op_of_code(op))),
+    RuntimeOp("broadcast", "_mlir_ciface_runtime_broadcast_f32", OUT, (X,), ("root",),
+              _broadcast_kernel, _broadcast_check, "broadcast",
+              "out = process `root`'s x (every process passes x of that shape); a copy of x on "
+              "one process"),
 )
 
 BY_NAME = {op.name: op for op in RUNTIME_OPS}

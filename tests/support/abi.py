@@ -127,6 +127,10 @@ def runtime_op_sample(op, rng):
         return [x, np.array([0, 3, 1], np.int64)], []
     if name == "repeat_interleave":
         return [x], [1, 2]
+    if name == "all_reduce":
+        return [x], [int(rng.integers(0, 4))]
+    if name == "broadcast":
+        return [x], [0]
     if name.startswith("copy_to_device"):
         dtype = np.float16 if name.endswith("f16") else np.float32
         return [x.astype(dtype)], [0]
