@@ -27,9 +27,10 @@ from .. import gpu_ops
 from ..errors import UnimplementedError, ValidationError
 from .ops_math import abs as _abs
 from .ops_math import min as _min
-from .primitives import axis_param, norm_axes, numpy_rule, op, reshape, transpose, unbroadcast
-from .primitives import max as _max
-from .primitives import sum as _sum
+from .ops_core import max as _max
+from .ops_core import reshape, transpose
+from .ops_core import sum as _sum
+from .primitives import axis_param, norm_axes, numpy_rule, op, unbroadcast
 from .tensor import Tensor, _as_array, _raw, _shape, array_module, recordable
 
 __all__ = ["inv", "solve", "det", "logabsdet", "slogdet", "cholesky", "eigh", "eigvalsh",

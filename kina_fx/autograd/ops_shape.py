@@ -16,9 +16,9 @@ import numpy as _numpy      # references get ``np`` as a parameter; constants us
 
 from .. import gpu_ops
 from ..errors import KinaTypeError, UnimplementedError, ValidationError
-from .primitives import (axis_param, broadcast_to, concatenate, getitem, index_add, numpy_rule,
-                         op, reshape, transpose)
-from .primitives import sum as _sum
+from .ops_core import broadcast_to, concatenate, getitem, index_add, reshape, transpose
+from .ops_core import sum as _sum
+from .primitives import axis_param, numpy_rule, op
 from .tensor import Tensor, _as_array, _raw, _shape, array_module, as_sequence, is_traced
 
 __all__ = [
