@@ -5,7 +5,7 @@ composed of primitives where that is exact and simpler (its docstring says
 so: most of these are ``reshape``, ``transpose``, ``concatenate`` or
 ``getitem`` in disguise).  Every public name in ``__all__`` is re-exported by
 ``kina_fx.autograd``.  (``stack``, ``concatenate``, ``ravel``, ``squeeze``
-and ``array`` live in ``primitives.py`` and ``functions.py``.)
+and ``array`` live in ``ops_core.py`` and ``functions.py``.)
 """
 from __future__ import annotations
 

@@ -150,7 +150,7 @@ def _randn_like(rng, values):
 
 def test_every_breadth_op_has_a_sample_and_reference():
     # the list, less what lives elsewhere (clip, stack, concatenate in
-    # primitives.py; ravel, squeeze, dot, array in functions.py)
+    # ops_core.py; ravel, squeeze, dot, array in functions.py)
     expected = {
         "abs", "sqrt", "square", "sign", "sin", "cos", "tan", "sinh", "cosh", "arcsin",
         "arccos", "arctan", "arcsinh", "arccosh", "arctanh", "log1p", "expm1", "log2", "log10",
