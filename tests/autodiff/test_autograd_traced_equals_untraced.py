@@ -57,7 +57,6 @@ REFUSED = {
     ("sort", "order"): "fields of structured arrays",
     ("svd", "hermitian"): "use eigh",
     ("hstack", "dtype"): "cast the result", ("vstack", "dtype"): "cast the result",
-    ("hstack", "casting"): "no dtype to cast to", ("vstack", "casting"): "no dtype to cast to",
     ("pad", "mode"): "mode='constant' only",
 }
 
@@ -79,8 +78,10 @@ SKIPPED = {
     ("numpy.array_split", "argument 0 as a list"): "the same",
 }
 
-#: Parameters accepted and ignored (the value is the same whatever they are).
-IGNORED = {("sort", "kind"), ("sort", "stable"), ("einsum", "optimize"), ("reshape", "copy")}
+#: Parameters accepted and ignored (the value is the same whatever they are;
+#: ``casting`` matters only with the ``dtype`` that is refused).
+IGNORED = {("sort", "kind"), ("sort", "stable"), ("einsum", "optimize"), ("reshape", "copy"),
+           ("hstack", "casting"), ("vstack", "casting")}
 
 
 def _qualname(func):
