@@ -338,6 +338,10 @@ static void shapes_for(kf_bytes_t *b, const kf_export_t *ex, kf_call_t *c, int m
         c->scalar[p] = kf_scalar(b);
         if (strcmp(ex->params[p].name, "device") == 0)
             c->scalar[p] = kf_one_in(b, 6) ? kf_scalar(b) : 0;
+        /* a reduction code or a root rank: mostly near the valid few (one
+         * process: root 0; codes 0-3), sometimes anything */
+        if (strcmp(ex->params[p].name, "op") == 0 || strcmp(ex->params[p].name, "root") == 0)
+            c->scalar[p] = kf_one_in(b, 6) ? kf_scalar(b) : (int64_t)kf_pick(b, 5) - 1;
     }
     if (has(ex->name, "matmul")) {
         int64_t m = kf_pick(b, 4), k = kf_pick(b, 4), n = kf_pick(b, 4);
