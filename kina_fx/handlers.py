@@ -325,7 +325,7 @@ class _Skip(data_type("SkipData", ("fiber", "index"))):
         self.index = index
 
 
-def _perform_py(effect, *args):
+def _perform_py(effect, /, *args, **keywords):
     """Perform ``effect`` with ``args``; return the value the handler resumes with.
 
     Raises :class:`Unhandled` here, at the perform site, when no handler in
@@ -334,6 +334,8 @@ def _perform_py(effect, *args):
     This is the reference implementation; ``perform`` is the compiled copy in
     kina_fx/_speedups_c/perform.c when that was built (see the end of this module).
     """
+    if keywords:
+        raise keyword_arguments_error(effect, tuple(keywords))
     st = local.state
     f = st.current
     i = len(f.stack) - 1
@@ -378,6 +380,14 @@ def _perform_py(effect, *args):
                 return effect.default(*args)
             raise Unhandled(effect, args)
         i = len(f.stack) - 1
+
+
+def keyword_arguments_error(effect, names) -> TypeError:
+    """The error of ``perform(effect, key=...)`` (both implementations): it
+    names the effect, as the call's own TypeError could not."""
+    plural = "s" if len(names) > 1 else ""
+    return TypeError(f"perform({effect!r}, ...) got keyword argument{plural} {', '.join(names)}: "
+                     "an effect's arguments are positional, as in perform(effect, *args)")
 
 
 def _run_fun_clause(st, f, i, clause, args):

@@ -55,7 +55,7 @@ from .errors import ValidationError
 from .fibers import RAISED, Chain
 from .handlers import FORWARD, Effect, Handler, perform
 
-__all__ = ["MultiHandler", "MultiContinuation", "ReplayDiverged"]
+__all__ = ["MultiHandler", "MultiContinuation", "ReplayDiverged", "under_multihandler"]
 
 # Past this many Python frames a replay starts on a fresh fiber, so that deep
 # searches (a shot inside a shot inside a shot...) cost heap, not RecursionError.
@@ -392,3 +392,23 @@ def _on_fresh_stack(fn, *args):
     if kind is RAISED:
         raise payload
     return payload
+
+
+def under_multihandler() -> bool:
+    """Whether the running code is part of the body of a :class:`MultiHandler`
+    run, and so may be run again by a replay.
+
+    A handler installed inside such a body that keeps state of its own (a
+    recording, a counter) can route that state through the run's record
+    (perform an effect with a ``default``: it is forwarded outward once and
+    replays answer it from the record), as kina_fx.testing does; outside any
+    run it can do without (and without reaching handlers that catch every
+    effect, such as a ``Stepper`` with ``catch=None``).
+    """
+    fiber = fibers.current()
+    while fiber is not None:
+        handler = fiber.handler
+        if handler is not None and isinstance(handler.on, _Table):
+            return True
+        fiber = fiber.parent
+    return False
