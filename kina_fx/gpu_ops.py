@@ -262,7 +262,7 @@ def softmax(x, axis=-1, out=None):
         s = ob.sum(axis=axis, keepdims=True)
         xp.divide(ob, s, out=ob)
 
-    kernel_threads.run_blocks(xp, x.shape, x.dtype.itemsize, _split_axis(x.ndim, axis), block)
+    kernel_threads.run_blocks(xp, x.shape, x.size, x.dtype.itemsize, _split_axis(x.ndim, axis), block)
     return out
 
 
@@ -326,7 +326,7 @@ def _elementwise_blocks(fn, x, out):
     def block(index):
         fn(np, x[index], out[index])
 
-    kernel_threads.run_blocks(np, x.shape, x.dtype.itemsize, 0, block)
+    kernel_threads.run_blocks(np, x.shape, x.size, x.dtype.itemsize, 0, block)
     return out
 
 
@@ -449,7 +449,7 @@ def _binary_blocks(fn, a, b, out):
     def block(index):
         fn(np, part(a, index), part(b, index), out[index])
 
-    kernel_threads.run_blocks(np, shape, dtype.itemsize, 0, block)
+    kernel_threads.run_blocks(np, shape, out.size, dtype.itemsize, 0, block)
     return out
 
 
@@ -595,7 +595,7 @@ def log_softmax(x, axis=-1, out=None):
         shift += s
         xp.subtract(xb, shift, out=out[index])
 
-    kernel_threads.run_blocks(xp, x.shape, x.dtype.itemsize, _split_axis(x.ndim, axis), block)
+    kernel_threads.run_blocks(xp, x.shape, x.size, x.dtype.itemsize, _split_axis(x.ndim, axis), block)
     return out
 
 
@@ -646,7 +646,7 @@ def cross_entropy(logits, labels, out=None):
         picked = xp.take_along_axis(xb, picks[rows, None], axis=1)
         partial[rows.start or 0] = (lse - picked).sum(dtype=xp.float64)
 
-    kernel_threads.run_blocks(xp, flat.shape, flat.dtype.itemsize, 0, block)
+    kernel_threads.run_blocks(xp, flat.shape, flat.size, flat.dtype.itemsize, 0, block)
     sums = [partial[k] for k in sorted(partial)]
     total = sums[0]
     for p in sums[1:]:

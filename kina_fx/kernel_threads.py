@@ -99,9 +99,12 @@ def block_ranges(extent: int, per_block: int) -> list:
     return [(lo, min(lo + per_block, extent)) for lo in range(0, extent, per_block)]
 
 
-def run_blocks(xp, shape, itemsize: int, split, body) -> None:
-    """Call ``body(index)`` for blocks covering an array of ``shape``, cut along axis ``split``
-    (None: one block).
+_WHOLE = tuple((slice(None),) * n for n in range(65))
+
+
+def run_blocks(xp, shape, size: int, itemsize: int, split, body) -> None:
+    """Call ``body(index)`` for blocks covering an array of ``shape`` (``size``
+    elements), cut along axis ``split`` (None: one block).
 
     ``index`` is a tuple of slices selecting one block (every axis whole but
     ``split``).  The blocks are disjoint, so ``body`` may write its block of an
@@ -109,14 +112,10 @@ def run_blocks(xp, shape, itemsize: int, split, body) -> None:
     the whole index space.  ``body`` must do only NumPy work that is safe on
     any thread (no effects, no handler stack).
     """
-    ndim = len(shape)
-    size = 1
-    for n in shape:
-        size *= n
-    whole = (slice(None),) * ndim
-    if xp is not np or split is None or size < PARALLEL_MIN_ELEMENTS:
-        body(whole)
+    if size < PARALLEL_MIN_ELEMENTS or xp is not np or split is None:
+        body(_WHOLE[len(shape)])
         return
+    whole = _WHOLE[len(shape)]
     extent = shape[split]
     per_index = size // extent if extent else 0
     rows = max(1, BLOCK_BYTES // max(1, per_index * itemsize))

@@ -72,7 +72,12 @@ class RuntimeOp:
     # they overlap (ufuncs, matmul, take, and kernels that build their result
     # before assigning it).  Others get overlapping inputs copied first.
     overlap_safe: bool = True
+    # Whether ``check`` reads only the operands' shapes and the parameters
+    # (not their values, as gather's index range does): its verdict is then
+    # memoised per shapes (check_output), since a tape checks every call.
+    check_by_shape: bool = False
     effect: Effect = field(init=False, compare=False)
+    _passed: dict = field(init=False, compare=False, repr=False, default_factory=dict)
 
     def __post_init__(self):
         effect = Effect("kina.runtime." + self.name)
@@ -104,10 +109,20 @@ class RuntimeOp:
 
     def check_output(self, out, *args) -> None:
         """Validate the call (shapes, parameters, index ranges) before anything is written."""
+        key = None
+        if self.check_by_shape:
+            n = len(self.inputs)
+            key = (out.shape, *[a.shape for a in args[:n]], *args[n:])
+            if key in self._passed:
+                return
         shape = self.check(*args)
         if tuple(out.shape) != tuple(shape):
             raise ValidationError(f"{self.name}: out has shape {tuple(out.shape)}, "
                                   f"expected {tuple(shape)}")
+        if key is not None:
+            if len(self._passed) >= 1024:
+                self._passed.clear()
+            self._passed[key] = True
 
 
 def _memmove_default(kernel, n, numpy_overlap_safe):
@@ -237,13 +252,14 @@ OUT = Operand("out")
 def _unary(name, doc):
     fn = getattr(gpu_ops, name)
     return RuntimeOp(name, f"_mlir_ciface_runtime_{name}_f32", OUT, (X,), (), _unary_kernel(fn),
-                     _same_shape, lambda ad, x, _n=name: getattr(ad, _n)(x), doc)
+                     _same_shape, lambda ad, x, _n=name: getattr(ad, _n)(x), doc, check_by_shape=True)
 
 
 def _binary(name, kernel_name, doc):
     fn = getattr(gpu_ops, kernel_name)
     return RuntimeOp(name, f"_mlir_ciface_runtime_{name}_f32", OUT, (A, B), (), _binary_kernel(fn),
-                     _broadcast(name), lambda ad, a, b, _n=name: getattr(ad, _n)(a, b), doc)
+                     _broadcast(name), lambda ad, a, b, _n=name: getattr(ad, _n)(a, b), doc,
+                     check_by_shape=True)
 
 
 def _reduction(name, doc):
@@ -252,7 +268,7 @@ def _reduction(name, doc):
                      _reduction_kernel(fn), _reduction_check(name),
                      lambda ad, x, axis, keepdims, _n=name: getattr(ad, _n)(x, _axis_or_all(axis),
                                                                             bool(keepdims)),
-                     doc)
+                     doc, check_by_shape=True)
 
 
 RUNTIME_OPS: tuple = (
@@ -260,17 +276,19 @@ RUNTIME_OPS: tuple = (
     RuntimeOp("copy_to_device_f32", "_mlir_ciface_runtime_copy_to_device_f32", Operand("dst"),
               (Operand("src"),), ("device",), _copy_to_device_kernel, lambda src, device: src.shape,
               _same_tensor, "dst = src on device ordinal `device` (0 on the CPU backend)", seed=True,
-              overlap_safe=False),
+              overlap_safe=False, check_by_shape=True),
     RuntimeOp("copy_to_device_f16", "_mlir_ciface_runtime_copy_to_device_f16", Operand("dst", F16),
               (Operand("src", F16),), ("device",), _copy_to_device_kernel,
               lambda src, device: src.shape, _same_tensor,
-              "dst = src (float16) on device ordinal `device`", seed=True, overlap_safe=False),
+              "dst = src (float16) on device ordinal `device`", seed=True, overlap_safe=False,
+              check_by_shape=True),
     RuntimeOp("copy_to_host_f32", "_mlir_ciface_runtime_copy_to_host_f32", Operand("dst"),
               (Operand("src"),), (), _copy_kernel, _copy_check, _same_tensor,
-              "dst = src, into host-visible memory", seed=True, overlap_safe=False),
+              "dst = src, into host-visible memory", seed=True, overlap_safe=False, check_by_shape=True),
     RuntimeOp("matmul", "_mlir_ciface_runtime_gpu_matmul_f32", OUT, (A, B), (),
               lambda out, a, b: gpu_ops.matmul(a, b, out), _matmul_check,
-              lambda ad, a, b: ad.matmul(a, b), "out = a @ b (NumPy matmul rules, batched)", seed=True),
+              lambda ad, a, b: ad.matmul(a, b), "out = a @ b (NumPy matmul rules, batched)", seed=True,
+              check_by_shape=True),
     RuntimeOp("gather", "_mlir_ciface_runtime_gpu_gather_f32", OUT,
               (Operand("values"), Operand("indices", I64)), (),
               lambda out, values, indices: gpu_ops.gather(values, indices, out), _gather_check,
@@ -278,12 +296,13 @@ RUNTIME_OPS: tuple = (
               "out = values[indices] (rows; indices in [0, rows), never wrapped)", seed=True),
     RuntimeOp("softmax", "_mlir_ciface_runtime_gpu_softmax_f32", OUT, (X,), ("axis",),
               lambda out, x, axis: gpu_ops.softmax(x, axis, out), _axis_check("softmax"),
-              lambda ad, x, axis: ad.softmax(x, axis), "out = softmax(x) along `axis`", seed=True),
+              lambda ad, x, axis: ad.softmax(x, axis), "out = softmax(x) along `axis`", seed=True,
+              check_by_shape=True),
     RuntimeOp("repeat_interleave", "_mlir_ciface_runtime_gpu_repeat_interleave_f32", OUT, (X,),
               ("axis", "reps"), lambda out, x, axis, reps: gpu_ops.repeat_interleave(x, reps, axis, out),
               _repeat_check, lambda ad, x, axis, reps: ad.repeat_interleave(x, reps, axis),
               "each element of x repeated `reps` times along `axis` (torch semantics)", seed=True,
-              overlap_safe=False),
+              overlap_safe=False, check_by_shape=True),
     # The differentiable network's ops.
     _unary("neg", "out = -x"),
     _unary("exp", "out = exp(x)"),
@@ -305,7 +324,8 @@ RUNTIME_OPS: tuple = (
               "out = x with axes permuted: out.shape[i] = x.shape[perm[i]]", overlap_safe=False),
     RuntimeOp("log_softmax", "_mlir_ciface_runtime_log_softmax_f32", OUT, (X,), ("axis",),
               lambda out, x, axis: gpu_ops.log_softmax(x, axis, out), _axis_check("log_softmax"),
-              lambda ad, x, axis: ad.log_softmax(x, axis), "out = log(softmax(x)) along `axis`"),
+              lambda ad, x, axis: ad.log_softmax(x, axis), "out = log(softmax(x)) along `axis`",
+              check_by_shape=True),
     RuntimeOp("cross_entropy", "_mlir_ciface_runtime_cross_entropy_f32", OUT,
               (Operand("logits"), Operand("labels", I64)), (),
               lambda out, logits, labels: gpu_ops.cross_entropy(logits, labels, out),
@@ -340,7 +360,16 @@ def exports_header() -> str:
              "#define KINA_RUNTIME_OP_EXPORTS(X) \\"]
     rows = [f"    X({op.export}, {op.callback}, ({op.c_parameters()}), ({op.c_arguments()}))"
             for op in RUNTIME_OPS]
-    return "\n".join(lines) + "\n" + " \\\n".join(rows) + "\n"
+    fast = ["/* The same exports for kina_runtime.c's definitions, with what the C fast path",
+            " * (kina_fx/_speedups_c/op_calls.c) takes: F(exported name, Python callback name,",
+            " * (parameters), (arguments), row of the op table, (memref operands), (0, int32",
+            " * parameters)) -- the leading 0 keeps the array non-empty. */",
+            "#define KINA_RUNTIME_OP_FAST_EXPORTS(F) \\"]
+    fast_rows = [f"    F({op.export}, {op.callback}, ({op.c_parameters()}), ({op.c_arguments()}), {i}, "
+                 f"({', '.join(o.name for o in op.operands)}), ({', '.join(['0', *op.params])}))"
+                 for i, op in enumerate(RUNTIME_OPS)]
+    return ("\n".join(lines) + "\n" + " \\\n".join(rows) + "\n\n" + "\n".join(fast) + "\n"
+            + " \\\n".join(fast_rows) + "\n")
 
 
 def header_prototypes() -> str:

@@ -69,6 +69,13 @@ def buffer_key(array) -> tuple:
     return memref.identity(array)
 
 
+_identity = memref.identity
+
+
+def _name(what) -> str:
+    return what if isinstance(what, str) else what()
+
+
 def describe(array) -> str:
     """A buffer as messages name it."""
     address, shape, strides, dtype = buffer_key(array)
@@ -77,10 +84,14 @@ def describe(array) -> str:
 
 def _raw(value):
     """The array under every level of Tensor wrapping."""
-    return value.data if isinstance(value, ad.Tensor) else value
+    return value.data if value.__class__ is ad.Tensor else value
 
 
 _SAME_SIZE_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+#: memcmp of two C-contiguous buffers (kina_fx._speedups; NotImplemented for
+#: others), or None: the NumPy comparison below is the reference.
+_same_bytes = getattr(fibers.compiled_core(), "same_bytes", None)
 
 
 def _unchanged(current, recorded) -> bool:
@@ -91,6 +102,10 @@ def _unchanged(current, recorded) -> bool:
     """
     if current.shape != recorded.shape:
         return False
+    if current.dtype == recorded.dtype and _same_bytes is not None:
+        same = _same_bytes(current, recorded)
+        if same is not NotImplemented:
+            return same
     if current.dtype == recorded.dtype and current.dtype.itemsize in _SAME_SIZE_UINT:
         uint = _SAME_SIZE_UINT[current.dtype.itemsize]
         return bool((current.view(uint) == recorded.view(uint)).all())
@@ -168,55 +183,63 @@ class BufferTracer:
             tracer = tracer.parent
         return None
 
-    def read(self, array, what: str, differentiable: bool = True):
-        """The Tensor (or constant array) ``array`` holds, checked against what was recorded."""
-        entry = self.lookup(buffer_key(array))
+    def read(self, array, what, differentiable: bool = True):
+        """The Tensor (or constant array) ``array`` holds, checked against what was recorded.
+
+        ``what`` names the operand in messages: a string, or a function
+        returning it (called only to raise)."""
+        key = _identity(array)
+        entry = self.table.get(key)
+        if entry is None and self.parent is not None:
+            entry = self.parent.lookup(key)
         if entry is None:
             if self.strict and differentiable:
                 raise TapeError(
-                    f"{what}: {describe(array)} was not produced by a recorded runtime op, "
+                    f"{_name(what)}: {describe(array)} was not produced by a recorded runtime op, "
                     "watched, or declared constant; code that computes a buffer itself "
                     "(MLIR loops rather than runtime calls) is invisible to the tape "
                     "(strict mode: declare it constant, watch it, or use a lenient tape)")
             value = array_module(array).array(array, copy=True)
-            entry = self.table[buffer_key(array)] = _Entry(value, value, "constant")
+            entry = self.table[key] = _Entry(value, value, "constant")
             return value
         if not _unchanged(array, entry.value):
-            raise TapeError(f"{what}: {describe(array)} was overwritten after the tape recorded it; "
-                            "its recorded value would give a wrong gradient")
+            raise TapeError(f"{_name(what)}: {describe(array)} was overwritten after the tape "
+                            "recorded it; its recorded value would give a wrong gradient")
         return entry.tensor
 
     def record(self, out, tensor, kind: str = "produced") -> None:
         """Write ``tensor``'s value into ``out`` and remember that ``out`` holds ``tensor``."""
-        xp = array_module(out)
-        value = xp.asarray(_raw(tensor))
+        value = _raw(tensor)
+        if value.__class__ is not np.ndarray:
+            value = array_module(out).asarray(value)
         out[...] = value
         if value.dtype != out.dtype or value.shape != out.shape:
-            value = xp.array(out, copy=True)
+            value = array_module(out).array(out, copy=True)
         entry = _Entry(tensor, value, kind)
-        key = buffer_key(out)
+        key = _identity(out)
         tracer = self
         while tracer is not None:
             tracer.table[key] = entry
             tracer = tracer.parent
 
-    def declare_constant(self, array) -> None:
-        """Record ``array``'s buffer as a constant input (its values are copied now)."""
+    def declare_constant(self, array, key=None) -> None:
+        """Record ``array``'s buffer as a constant input (its values are copied now).
+        ``key``: its :func:`buffer_key`, when the caller has it."""
         value = array_module(array).array(array, copy=True)
-        self.table[buffer_key(array)] = _Entry(value, value, "constant")
+        self.table[_identity(array) if key is None else key] = _Entry(value, value, "constant")
 
-    def bind(self, array, tensor, value) -> None:
+    def bind(self, array, tensor, value, key=None) -> None:
         """Record that ``array``'s buffer holds ``tensor`` (a Python caller's traced
         argument), whose values are ``value`` (not ``array`` itself: the
         overwrite check compares the buffer with it)."""
-        self.table[buffer_key(array)] = _Entry(tensor, value, "given")
+        self.table[_identity(array) if key is None else key] = _Entry(tensor, value, "given")
 
-    def produced(self, array, what: str):
+    def produced(self, array, what: str, key=None):
         """The Tensor a recorded op wrote into ``array``'s buffer.
 
         TapeError if no recorded op wrote it (strict mode; lenient: the array
         itself, a constant) or it was overwritten since."""
-        entry = self.table.get(buffer_key(array))
+        entry = self.table.get(_identity(array) if key is None else key)
         if entry is None or entry.kind != "produced":
             if self.strict:
                 raise TapeError(f"{what} ({describe(array)}) was not written by a recorded "
@@ -229,11 +252,12 @@ class BufferTracer:
 
     def apply(self, op, out, args):
         """Answer runtime op ``op``'s effect: compute it with autograd, record the output."""
-        n = len(op.inputs)
+        inputs = op.inputs
+        n = len(inputs)
         arrays, params = args[:n], args[n:]
         op.check_output(out, *arrays, *params)
-        tensors = [self.read(a, f"{op.name} input {o.name!r}", o.differentiable)
-                   for o, a in zip(op.inputs, arrays)]
+        tensors = [self.read(a, lambda o=o: f"{op.name} input {o.name!r}", o.dtype.kind == "f")
+                   for o, a in zip(inputs, arrays)]
         self.record(out, op.differentiate(ad, *tensors, *params))
         return out
 

@@ -157,7 +157,7 @@ def test_an_exception_in_a_worker_reaches_the_caller_and_the_pool_goes_on(blocke
             raise ZeroDivisionError("block 5")
 
     with pytest.raises(ZeroDivisionError, match="block 5"):
-        kernel_threads.run_blocks(np, (40, 4), 4, 0, body)
+        kernel_threads.run_blocks(np, (40, 4), 160, 4, 0, body)
     assert len(seen) == 40 // 4 or len(seen) >= 5       # the other blocks still ran or stopped
     x = arrays((40, 4), 1)
     np.testing.assert_allclose(gpu_ops.softmax(x, 1), one_call(gpu_ops.softmax, x, 1), rtol=1e-6)
@@ -169,13 +169,13 @@ def test_blocks_cover_the_index_space_once(blocked):
     def body(index):
         marks[index] += 1
 
-    kernel_threads.run_blocks(np, marks.shape, 8, 0, body)
+    kernel_threads.run_blocks(np, marks.shape, marks.size, 8, 0, body)
     assert (marks == 1).all()
     marks[...] = 0
-    kernel_threads.run_blocks(np, marks.shape, 8, 1, body)
+    kernel_threads.run_blocks(np, marks.shape, marks.size, 8, 1, body)
     assert (marks == 1).all()
     marks[...] = 0
-    kernel_threads.run_blocks(np, marks.shape, 8, None, body)
+    kernel_threads.run_blocks(np, marks.shape, marks.size, 8, None, body)
     assert (marks == 1).all()
 
 

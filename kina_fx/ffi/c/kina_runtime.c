@@ -342,6 +342,12 @@ static int kina__fast_kina_fiber_result(kina_fiber_t fiber, int64_t *out_value, 
     KINA__FAST_PATH(kina_fiber_result, fiber_result(fiber, out_value, status))
 }
 
+static int kina__fast_runtime_op(int32_t op, void *const *memrefs, int32_t nmem,
+                                 const int32_t *params, int32_t nparams, int32_t *status)
+{
+    KINA__FAST_PATH(runtime_op, runtime_op(op, memrefs, nmem, params, nparams, status))
+}
+
 /* Before an extern "Python" callback: a C handler that the fast paths called
  * without the GIL may be calling back; its skip marker must be in place
  * before Python code looks at the handler stack (_speedups_c/nogil.c). */
@@ -365,8 +371,30 @@ static inline void kina__before_python(void)
         return pyname args;                              \
     }
 
+/* A runtime op export first tries the C fast path of kina_fx._speedups
+ * (op_calls.c: the CPU backend, views already cached), then its callback. */
+#define KINA__LIST(...) __VA_ARGS__
+#define KINA_DEFINE_OP_EXPORT(name, pyname, params, args, row, memrefs, ints)   \
+    static int32_t pyname params;                                            \
+    KINA_API int32_t name params                                             \
+    {                                                                        \
+        int32_t status_ = kina__ensure_python();                             \
+        if (status_ == KINA_STATUS_SUCCESS)                                  \
+            status_ = kina__check_recursion_headroom();                      \
+        if (status_ != KINA_STATUS_SUCCESS)                                  \
+            return status_;                                                  \
+        void *const memrefs_[] = {KINA__LIST memrefs};                       \
+        const int32_t ints_[] = {KINA__LIST ints};                           \
+        if (kina__fast_runtime_op(row, memrefs_, (int32_t)(sizeof memrefs_ / sizeof *memrefs_), \
+                                  ints_ + 1, (int32_t)(sizeof ints_ / sizeof *ints_) - 1,     \
+                                  &status_))                                 \
+            return status_;                                                  \
+        kina__before_python();                                               \
+        return pyname args;                                                  \
+    }
+
 KINA_EXPORTS(KINA_DEFINE_EXPORT)
-KINA_RUNTIME_OP_EXPORTS(KINA_DEFINE_EXPORT)
+KINA_RUNTIME_OP_FAST_EXPORTS(KINA_DEFINE_OP_EXPORT)
 KINA_TAPE_EXPORTS(KINA_DEFINE_EXPORT)
 KINA_EFFECT_EXPORTS(KINA_DEFINE_EXPORT)
 

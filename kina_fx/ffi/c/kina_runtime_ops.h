@@ -26,3 +26,33 @@
     X(_mlir_ciface_runtime_transpose_f32, kina_py_runtime_transpose_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, kina_unranked_memref_t *perm), (out, x, perm)) \
     X(_mlir_ciface_runtime_log_softmax_f32, kina_py_runtime_log_softmax_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis), (out, x, axis)) \
     X(_mlir_ciface_runtime_cross_entropy_f32, kina_py_runtime_cross_entropy_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *logits, kina_unranked_memref_t *labels), (out, logits, labels))
+
+/* The same exports for kina_runtime.c's definitions, with what the C fast path
+ * (kina_fx/_speedups_c/op_calls.c) takes: F(exported name, Python callback name,
+ * (parameters), (arguments), row of the op table, (memref operands), (0, int32
+ * parameters)) -- the leading 0 keeps the array non-empty. */
+#define KINA_RUNTIME_OP_FAST_EXPORTS(F) \
+    F(_mlir_ciface_runtime_copy_to_device_f32, kina_py_runtime_copy_to_device_f32, (kina_unranked_memref_t *dst, kina_unranked_memref_t *src, int32_t device), (dst, src, device), 0, (dst, src), (0, device)) \
+    F(_mlir_ciface_runtime_copy_to_device_f16, kina_py_runtime_copy_to_device_f16, (kina_unranked_memref_t *dst, kina_unranked_memref_t *src, int32_t device), (dst, src, device), 1, (dst, src), (0, device)) \
+    F(_mlir_ciface_runtime_copy_to_host_f32, kina_py_runtime_copy_to_host_f32, (kina_unranked_memref_t *dst, kina_unranked_memref_t *src), (dst, src), 2, (dst, src), (0)) \
+    F(_mlir_ciface_runtime_gpu_matmul_f32, kina_py_runtime_gpu_matmul_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b), 3, (out, a, b), (0)) \
+    F(_mlir_ciface_runtime_gpu_gather_f32, kina_py_runtime_gpu_gather_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *values, kina_unranked_memref_t *indices), (out, values, indices), 4, (out, values, indices), (0)) \
+    F(_mlir_ciface_runtime_gpu_softmax_f32, kina_py_runtime_gpu_softmax_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis), (out, x, axis), 5, (out, x), (0, axis)) \
+    F(_mlir_ciface_runtime_gpu_repeat_interleave_f32, kina_py_runtime_gpu_repeat_interleave_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t reps), (out, x, axis, reps), 6, (out, x), (0, axis, reps)) \
+    F(_mlir_ciface_runtime_neg_f32, kina_py_runtime_neg_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x), 7, (out, x), (0)) \
+    F(_mlir_ciface_runtime_exp_f32, kina_py_runtime_exp_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x), 8, (out, x), (0)) \
+    F(_mlir_ciface_runtime_log_f32, kina_py_runtime_log_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x), 9, (out, x), (0)) \
+    F(_mlir_ciface_runtime_tanh_f32, kina_py_runtime_tanh_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x), 10, (out, x), (0)) \
+    F(_mlir_ciface_runtime_sigmoid_f32, kina_py_runtime_sigmoid_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x), 11, (out, x), (0)) \
+    F(_mlir_ciface_runtime_relu_f32, kina_py_runtime_relu_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x), 12, (out, x), (0)) \
+    F(_mlir_ciface_runtime_add_f32, kina_py_runtime_add_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b), 13, (out, a, b), (0)) \
+    F(_mlir_ciface_runtime_sub_f32, kina_py_runtime_sub_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b), 14, (out, a, b), (0)) \
+    F(_mlir_ciface_runtime_mul_f32, kina_py_runtime_mul_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b), 15, (out, a, b), (0)) \
+    F(_mlir_ciface_runtime_div_f32, kina_py_runtime_div_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b), 16, (out, a, b), (0)) \
+    F(_mlir_ciface_runtime_pow_f32, kina_py_runtime_pow_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b), 17, (out, a, b), (0)) \
+    F(_mlir_ciface_runtime_sum_f32, kina_py_runtime_sum_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t keepdims), (out, x, axis, keepdims), 18, (out, x), (0, axis, keepdims)) \
+    F(_mlir_ciface_runtime_mean_f32, kina_py_runtime_mean_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t keepdims), (out, x, axis, keepdims), 19, (out, x), (0, axis, keepdims)) \
+    F(_mlir_ciface_runtime_max_f32, kina_py_runtime_max_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t keepdims), (out, x, axis, keepdims), 20, (out, x), (0, axis, keepdims)) \
+    F(_mlir_ciface_runtime_transpose_f32, kina_py_runtime_transpose_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, kina_unranked_memref_t *perm), (out, x, perm), 21, (out, x, perm), (0)) \
+    F(_mlir_ciface_runtime_log_softmax_f32, kina_py_runtime_log_softmax_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis), (out, x, axis), 22, (out, x), (0, axis)) \
+    F(_mlir_ciface_runtime_cross_entropy_f32, kina_py_runtime_cross_entropy_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *logits, kina_unranked_memref_t *labels), (out, logits, labels), 23, (out, logits, labels), (0))
