@@ -96,13 +96,59 @@ def array_module(*arrays):
     return np
 
 
+def may_overlap(out, x, xp) -> bool:
+    """Whether ``x`` may share memory with ``out`` (by bounds: nothing is read)."""
+    return bool(x.size and out.size and xp.may_share_memory(out, x))
+
+
+def _quiet_numpy():
+    """``(enter, leave)`` making NumPy ignore floating-point conditions in the
+    running context until ``leave(enter())``: what ``np.errstate(all="ignore")``
+    does.  NumPy >= 2 keeps that state in a context variable, which is set
+    directly (errstate's own ``__enter__``/``__exit__`` cost ~1.4 us, a third of a
+    small op's whole call from C); older NumPy uses errstate itself."""
+    try:
+        from numpy._core._ufunc_config import _extobj_contextvar, _make_extobj
+        ignore = _make_extobj(all="ignore")
+    except (ImportError, TypeError):  # pragma: no cover - NumPy 1.x
+        def enter():
+            state = np.errstate(all="ignore")
+            state.__enter__()
+            return state
+
+        return enter, lambda state: state.__exit__(None, None, None)
+    return (lambda: _extobj_contextvar.set(ignore)), _extobj_contextvar.reset
+
+
+_fp_enter, _fp_leave = _quiet_numpy()
+
+
+def quiet_fp(fn):
+    """``fn`` computing under ``np.errstate(all="ignore")``: floating-point
+    conditions (overflow, division by zero, invalid operations) give their
+    IEEE results (inf, NaN) and never a warning or an exception, whatever the
+    caller's NumPy error state and warnings filters (restored on return).
+    The C exports run so: the library prints nothing and raises nothing into
+    its host (docs/abi.md, "Floating-point conditions")."""
+    enter, leave = _fp_enter, _fp_leave
+
+    def quiet(*args):
+        token = enter()
+        try:
+            return fn(*args)
+        finally:
+            leave(token)
+    quiet.__name__ = quiet.__qualname__ = fn.__name__
+    quiet.__doc__ = fn.__doc__
+    quiet.__wrapped__ = fn
+    return quiet
+
+
 def apart_from(outputs, x, xp):
     """``x``, or a copy of it when it may share memory with one of ``outputs``
     (what gives an op memmove semantics when its kernel would not)."""
-    if x.size == 0:
-        return x
     for out in outputs:
-        if out.size and xp.may_share_memory(out, x):
+        if may_overlap(out, x, xp):
             return x.copy()
     return x
 
@@ -126,8 +172,10 @@ def matmul_shape(a_shape, b_shape) -> tuple:
     rank >= 3 the leading (batch) dimensions broadcast.
     """
     a_shape, b_shape = tuple(a_shape), tuple(b_shape)
-    if not a_shape or not b_shape:
-        raise ValidationError(f"matmul needs operands of rank >= 1, got shapes {a_shape} and {b_shape}")
+    for which, shape in (("first", a_shape), ("second", b_shape)):
+        if not shape:
+            raise ValidationError(f"matmul: the {which} operand is a scalar (shape ()); matmul needs "
+                                  "operands of rank >= 1 (use mul to scale by a scalar)")
     a2 = (1,) + a_shape if len(a_shape) == 1 else a_shape
     b2 = b_shape + (1,) if len(b_shape) == 1 else b_shape
     if a2[-1] != b2[-2]:
@@ -160,10 +208,13 @@ def matmul(a, b, out=None):
     every 2x2 product a compiled loop makes.
     """
     xp = np if _cupy is None else array_module(a, b)
-    key = (a.shape, b.shape)
+    try:
+        key = (a.shape, b.shape)
+    except AttributeError:      # a Python scalar or list (autograd's kernel passes them on)
+        key = (np.shape(a), np.shape(b))
     shape = _matmul_shapes.get(key)
     if shape is None:
-        shape = matmul_shape(a.shape, b.shape)
+        shape = matmul_shape(*key)
         if len(_matmul_shapes) > 1024:
             _matmul_shapes.clear()
         _matmul_shapes[key] = shape
@@ -180,25 +231,32 @@ def matmul(a, b, out=None):
     return xp.matmul(a, b, out=out)
 
 
-def gather(values, indices, out=None):
-    """Rows of ``values`` picked by integer ``indices``.
-
-    Result shape is ``indices.shape + values.shape[1:]``.  An index outside
-    ``[0, values.shape[0])`` is a ValidationError (no negative wrap-around),
-    raised before ``out`` is written.
-    """
-    xp = array_module(values, indices)
+def gather_shape(values, indices) -> tuple:
+    """The shape of ``gather(values, indices)``, ``indices.shape + values.shape[1:]``,
+    or ValidationError (``values`` of rank 0, indices that are not integers)."""
     if values.ndim < 1:
         raise ValidationError("gather needs values of rank >= 1")
     if indices.dtype.kind not in "iu":
         raise ValidationError(f"gather needs integer indices, not {indices.dtype}")
+    return tuple(indices.shape) + tuple(values.shape[1:])
+
+
+def check_gather_indices(values, indices) -> None:
+    """ValidationError for an index outside ``[0, values.shape[0])`` (no negative
+    wrap-around).  Checked after the shapes: it reads the data."""
     rows = values.shape[0]
-    _check_out(out, tuple(indices.shape) + tuple(values.shape[1:]), "gather")
     if indices.size:
         lo, hi = int(indices.min()), int(indices.max())
         if lo < 0 or hi >= rows:
-            bad = lo if lo < 0 else hi
-            raise ValidationError(f"gather index {bad} out of range [0, {rows})")
+            raise ValidationError(f"gather index {lo if lo < 0 else hi} out of range [0, {rows})")
+
+
+def gather(values, indices, out=None):
+    """Rows of ``values`` picked by integer ``indices`` (:func:`gather_shape`),
+    everything checked before ``out`` is written."""
+    xp = array_module(values, indices)
+    _check_out(out, gather_shape(values, indices), "gather")
+    check_gather_indices(values, indices)
     if out is None:
         return xp.take(values, indices, axis=0)
     if out.size == 0:
@@ -266,14 +324,21 @@ def softmax(x, axis=-1, out=None):
     return out
 
 
+def repeat_interleave_shape(shape, reps: int, axis: int) -> tuple:
+    """``(axis, result shape)`` of repeating each element ``reps`` times along
+    ``axis`` (normalised), or ValidationError (negative ``reps``, bad axis)."""
+    if reps < 0:
+        raise ValidationError(f"repeat_interleave needs reps >= 0, got {reps}")
+    axis = normalize_axis(axis, len(shape))
+    shape = list(shape)
+    shape[axis] *= reps
+    return axis, tuple(shape)
+
+
 def repeat_interleave(x, reps: int, axis: int, out=None):
     """Each element of ``x`` repeated ``reps`` times along ``axis`` (torch semantics)."""
     xp = array_module(x)
-    if reps < 0:
-        raise ValidationError(f"repeat_interleave needs reps >= 0, got {reps}")
-    axis = normalize_axis(axis, x.ndim)
-    shape = list(x.shape)
-    shape[axis] *= reps
+    axis, shape = repeat_interleave_shape(x.shape, reps, axis)
     _check_out(out, shape, "repeat_interleave")
     if out is None:
         return xp.repeat(x, reps, axis=axis)
@@ -332,8 +397,17 @@ def _elementwise_blocks(fn, x, out):
 
 @_elementwise
 def neg(xp, x, out):
-    """``-x``."""
-    return xp.negative(x, out=out)
+    """``-x``.
+
+    NumPy 2.4's ``negative`` reads some strided inputs into strided outputs
+    as if they were contiguous (float32 with a step of 4 elements into an
+    output of step 4: ``out[i] = -x_base[i]``), so into an output that is not
+    contiguous it computes a fresh array and copies it (the same values, bit
+    for bit; tests/abi/test_runtime_ops.py::test_unary_on_stepped_buffers)."""
+    if out is None or xp is not np or (out.flags.c_contiguous and x.flags.c_contiguous):
+        return xp.negative(x, out=out)
+    out[...] = xp.negative(x)
+    return out
 
 
 @_elementwise
@@ -383,6 +457,8 @@ def sigmoid(xp, x, out):
     if expit is not None:
         return expit(x) if out is None else expit(x, out=out)
     r = xp.multiply(x, 0.5, out=out)
+    if out is None:
+        r = xp.asarray(r)       # rank 0: NumPy returned a scalar, which out= cannot take
     xp.tanh(r, out=r)
     xp.multiply(r, 0.5, out=r)
     xp.add(r, 0.5, out=r)
@@ -558,10 +634,17 @@ def check_permutation(perm, ndim: int) -> tuple:
     return perm
 
 
+def transpose_shape(shape, perm) -> tuple:
+    """``(perm, result shape)`` of permuting the axes of ``shape`` (``perm`` None:
+    reversed), or ValidationError when ``perm`` is not a permutation."""
+    ndim = len(shape)
+    perm = tuple(reversed(range(ndim))) if perm is None else check_permutation(perm, ndim)
+    return perm, tuple(shape[p] for p in perm)
+
+
 def transpose(x, perm=None, out=None):
     """``x`` with its axes permuted (``perm`` None: reversed)."""
-    perm = tuple(reversed(range(x.ndim))) if perm is None else check_permutation(perm, x.ndim)
-    shape = tuple(x.shape[p] for p in perm)
+    perm, shape = transpose_shape(x.shape, perm)
     _check_out(out, shape, "transpose")
     r = x.transpose(perm)
     if out is None:

@@ -13,41 +13,15 @@ import numpy as np
 import pytest
 
 from support.abi import Abi, runtime_op_sample
+from support.tapes import F16, F32, I64, LENIENT, OK, STRICT, TYPE, VALIDATION, Tape
 from kina_fx import autograd as ad
 from kina_fx.errors import Status
 from kina_fx.runtime_ops import ALL_AXES, BY_NAME, RUNTIME_OPS
-
-OK, VALIDATION, TYPE = Status.SUCCESS, Status.VALIDATION, Status.TYPE
-F32, F16, I64 = 1, 2, 3       # KINA_DTYPE_*
-STRICT, LENIENT = 0, 1
 
 
 @pytest.fixture(autouse=True)
 def cpu(monkeypatch):
     monkeypatch.setenv("KINA_FX_DEVICE", "cpu")
-
-
-class Tape:
-    """A thin driver of one tape through the C functions."""
-
-    def __init__(self, abi, flags=STRICT):
-        self.abi = abi
-        handle = abi.ffi.new("kina_tape_t *")
-        assert abi.lib.kina_tape_begin(flags, handle) == OK, abi.last_error()
-        self.handle = handle[0]
-
-    def call(self, name, *args):
-        return self.abi.call(name, self.handle, *args)
-
-    def op(self, op, *args):
-        status = self.abi.call(BY_NAME[op].export, *args)
-        assert status == OK, self.abi.last_error()
-
-    def end(self):
-        assert self.abi.lib.kina_tape_end(self.handle) == OK, self.abi.last_error()
-
-    def free(self):
-        assert self.abi.lib.kina_tape_free(self.handle) == OK, self.abi.last_error()
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +120,11 @@ def test_every_op_is_recorded_with_autograds_vjp(abi, op):
             assert t.call("kina_tape_watch", a, code) == OK, abi.last_error()
         else:
             assert t.call("kina_tape_constant", a, code) == OK
+    if op.primitive is None:                  # no derivative: refused, nothing written
+        assert abi.call(op.export, out, *inputs, *params) == Status.UNIMPLEMENTED
+        assert "has no derivative" in abi.last_error() and not out.any()
+        t.free()
+        return
     t.op(op.name, out, *inputs, *params)
     t.end()
     if op.output.dtype != np.float32:         # the f16 copy: recorded, gradients are float32-only
@@ -227,6 +206,31 @@ def test_mlir_style_begin_writes_the_handle_into_a_memref(abi):
     assert abi.call("_mlir_ciface_kina_tape_grad_f32", handle, x, g) == OK
     np.testing.assert_allclose(g, np.e, rtol=1e-6)
     assert abi.lib.kina_tape_free(handle) == OK
+
+
+def test_an_op_whose_row_names_no_primitive_is_refused_by_the_tape(abi):
+    """A row without a derivative (primitive None, as a collective may be) is
+    computed as usual off the tape and refused on it: status 4, nothing written,
+    the tape usable afterwards."""
+    op = BY_NAME["exp"]
+    x = np.ones((2,), np.float32)
+    y = np.zeros_like(x)
+    object.__setattr__(op, "primitive", None)      # the frozen row, for this test only
+    try:
+        assert abi.call(op.export, y, x) == OK
+        np.testing.assert_allclose(y, np.e, rtol=1e-6)
+        y[...] = 0
+        t = Tape(abi)
+        assert t.call("kina_tape_watch", x, F32) == OK
+        assert abi.call(op.export, y, x) == Status.UNIMPLEMENTED
+        assert "_mlir_ciface_runtime_exp_f32 has no derivative" in abi.last_error()
+        assert not y.any()
+    finally:
+        object.__setattr__(op, "primitive", "exp")
+    t.op("exp", y, x)
+    t.end()
+    assert t.call("kina_tape_backward", y, np.ones(2, np.float32)) == OK, abi.last_error()
+    t.free()
 
 
 # ---- strict mode and overwrites ---------------------------------------------------
