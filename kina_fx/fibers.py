@@ -80,6 +80,12 @@ def _load_core():
 _core = _load_core()
 
 
+def compiled_core():
+    """kina_fx._speedups when it is in use, else None (not built, or
+    ``KINA_FX_PURE_PYTHON=1``: the Python references run instead)."""
+    return _core
+
+
 def data_type(name: str, fields: tuple, base: type = object) -> type:
     """The fields of one of the protocol's types, as a class to derive from.
 

@@ -176,7 +176,9 @@ PyInit__speedups(void)
     if (kfx_add_data_types(m) < 0 || PyModule_AddFunctions(m, kfx_perform_methods) < 0 || PyModule_AddFunctions(m, kfx_tail_methods) < 0
             || PyModule_AddFunctions(m, kfx_round_trip_methods) < 0
             || PyModule_AddFunctions(m, kfx_c_abi_methods) < 0
-            || PyModule_AddFunctions(m, kfx_c_fibers_methods) < 0) {
+            || PyModule_AddFunctions(m, kfx_c_fibers_methods) < 0
+            || PyModule_AddFunctions(m, kfx_buffers_methods) < 0
+            || PyModule_AddFunctions(m, kfx_op_calls_methods) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -13,6 +13,10 @@
  *                          (handlers._returns_straight_to_driver)
  *   round_trip.c  an ``on`` perform + resume: suspend, switch_into,
  *                          the driver loop, Continuation.resume / __del__
+ *   op_calls.c    a runtime op export called from C, CPU backend
+ *                          (the CPU path of ffi.ops' callbacks)
+ *   buffers.c     the byte comparison of a tape's overwrite check
+ *                          (autograd.memory._unchanged)
  *   module.c      the module: binding (what handlers.py hands over at
  *                          import), the method table, the _C_API capsule
  *
@@ -329,6 +333,17 @@ int kfx_find_fun(PyObject *h, PyObject *effect, PyObject **clause);
 
 /* ---- c_fibers.c --------------------------------------------------------- */
 
+/* The GIL around a fast path called from C: kfx_gil_enter takes it (1) or
+ * declines (0: the thread has no Python thread state yet); kfx_gil_leave
+ * releases it unless the caller held it, and restores errno. */
+typedef struct {
+    PyThreadState *ts;
+    int held;                        /* the caller already held it */
+    int saved_errno;
+} kfx_gil_call;
+int kfx_gil_enter(kfx_gil_call *g);
+void kfx_gil_leave(kfx_gil_call *g);
+
 extern PyTypeObject *g_stepper_t, *g_catch_t;
 extern PyObject *g_suspend_to_host;
 extern PyMethodDef kfx_c_fibers_methods[];
@@ -352,6 +367,16 @@ void kfx_continuation_finalize(PyObject *self);
 extern PyTypeObject *g_chain_t, *g_cont_t;
 extern PyObject *g_performed, *g_returned, *g_raised;
 extern PyMethodDef kfx_round_trip_methods[];
+
+/* ---- op_calls.c --------------------------------------------------------- */
+
+int kfx_fast_runtime_op(int32_t op, void *const *memrefs, int32_t nmem, const int32_t *params,
+                        int32_t nparams, int32_t *status);
+extern PyMethodDef kfx_op_calls_methods[];
+
+/* ---- buffers.c ---------------------------------------------------------- */
+
+extern PyMethodDef kfx_buffers_methods[];
 
 /* ---- module.c ---------------------------------------------------------- */
 
