@@ -731,7 +731,7 @@ def cross_entropy(logits, labels, out=None):
         xp.log(lse, out=lse)
         lse += m
         picked = xb[xp.arange(xb.shape[0]), picks[rows]]
-        partial[rows.start or 0] = (lse[:, 0] - picked).sum(dtype=xp.float64)
+        partial[rows.start or 0] = (lse[:, 0] - picked).sum(dtype=np.float64)
 
     kernel_threads.run_blocks(xp, flat.shape, flat.size, flat.dtype.itemsize, 0, block)
     sums = [partial[k] for k in sorted(partial)]
@@ -743,6 +743,22 @@ def cross_entropy(logits, labels, out=None):
         return r
     out[...] = r
     return out
+
+
+def cross_entropy_grad(logits, labels, scale):
+    """``(softmax(logits, -1) - one_hot(labels)) * scale``: the gradient of
+    :func:`cross_entropy` with respect to ``logits`` times ``scale`` (the
+    cotangent over the number of samples), in one buffer -- the softmax, one
+    indexed subtraction and one scaling -- instead of a one-hot matrix and
+    three full-size temporaries.  ``labels`` as :func:`cross_entropy` checked them."""
+    xp = array_module(logits, labels)
+    p = softmax(logits, -1)
+    classes = logits.shape[-1]
+    flat = p.reshape(-1, classes)           # p is fresh and C-contiguous: a view
+    rows = flat.shape[0]
+    flat[xp.arange(rows), labels.reshape(-1)] -= 1
+    p *= scale
+    return p
 
 
 # ---- memory the runtime allocates ----------------------------------------------
