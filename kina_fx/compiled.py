@@ -131,7 +131,7 @@ class CompiledFunction:
             c_arg = m.pointer_for(self.module.ffi)
         else:       # a ranked memref<...> parameter: MLIR passes its descriptor itself
             c_arg = m.descriptor_pointer_for(self.module.ffi)
-        key = memref.identity(m.array)
+        key = m.identity(array.dtype)
         try:
             ref = weakref.ref(array)
         except TypeError:           # not weakly referenceable: not memoised

@@ -488,11 +488,20 @@ class UnrankedMemref:
 
     def __init__(self, array: np.ndarray | None, rank: int, words: list[int]) -> None:
         self.array = array
-        self.words = ffi.new("int64_t[]", max(len(words), 1))
-        for i, w in enumerate(words):
-            self.words[i] = w
+        self.words = ffi.new("int64_t[]", words if words else 1)
         self.struct = ffi.new("kina_unranked_memref_t *", {"rank": rank, "descriptor": self.words})
         self.pointer = self.struct
+
+    def identity(self, dtype) -> tuple:
+        """:func:`identity` of the array this memref describes, read from its
+        words (``dtype``: its element type): no view of the memory is made."""
+        rank = self.struct.rank
+        words = self.words
+        sizes = tuple(words[3:3 + rank])
+        if 0 in sizes:
+            return (0, sizes, (0,) * rank, dtype.str)
+        strides = tuple([0 if n == 1 else st for n, st in zip(sizes, words[3 + rank:3 + 2 * rank])])
+        return (words[1] + words[2] * dtype.itemsize, sizes, strides, dtype.str)
 
     @property
     def address(self) -> int:

@@ -1,9 +1,10 @@
-/* buffers.c: the byte comparison behind a tape's overwrite check.
+/* buffers.c: the byte comparison behind a tape's overwrite check, and its copy.
  *
- * Transcribes the C-contiguous case of kina_fx.autograd.memory._unchanged
- * (whose NumPy comparison stays the reference, and what runs under
+ * Transcribes the C-contiguous cases of kina_fx.autograd.memory._unchanged
+ * and of the tracer's write of a result into its output buffer (whose NumPy
+ * comparison and assignment stay the references, and what runs under
  * KINA_FX_PURE_PYTHON=1): a tape compares every buffer a recorded op reads
- * with the values it recorded, bit for bit.  NumPy's ``(a.view(u) ==
+ * with the values it recorded, bit for bit, and writes every result.  NumPy's ``(a.view(u) ==
  * b.view(u)).all()`` makes a boolean temporary and two passes, and costs
  * microseconds of dispatch on the small buffers of a typical op; memcmp
  * makes one pass and none.
@@ -55,7 +56,49 @@ same_bytes(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(same);
 }
 
+PyDoc_STRVAR(copy_bytes_doc,
+"copy_bytes(dst, src)\n--\n\n"
+"Copy the bytes of C-contiguous buffer src into C-contiguous writable buffer dst of\n"
+"the same length (memmove) and return True; NotImplemented, having written\n"
+"nothing, when either is not such a buffer or their lengths differ.  The caller\n"
+"checks shape and type.");
+
+static PyObject *
+copy_bytes(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "copy_bytes takes 2 arguments, got %zd", nargs);
+        return NULL;
+    }
+    Py_buffer dst, src;
+    if (PyObject_GetBuffer(args[0], &dst, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    if (PyObject_GetBuffer(args[1], &src, PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyBuffer_Release(&dst);
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    int same = dst.len == src.len;
+    if (same && dst.buf != src.buf && dst.len > 0) {
+        if (dst.len < KFX_RELEASE_GIL_BYTES)
+            memmove(dst.buf, src.buf, (size_t)dst.len);
+        else {
+            Py_BEGIN_ALLOW_THREADS
+            memmove(dst.buf, src.buf, (size_t)dst.len);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    if (!same)
+        Py_RETURN_NOTIMPLEMENTED;
+    Py_RETURN_TRUE;
+}
+
 PyMethodDef kfx_buffers_methods[] = {
     {"same_bytes", (PyCFunction)(void (*)(void))same_bytes, METH_FASTCALL, same_bytes_doc},
+    {"copy_bytes", (PyCFunction)(void (*)(void))copy_bytes, METH_FASTCALL, copy_bytes_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -74,8 +74,6 @@ def buffer_key(array) -> tuple:
 _identity = memref.identity
 
 
-def _name(what) -> str:
-    return what if isinstance(what, str) else what()
 
 
 def describe(array) -> str:
@@ -91,9 +89,11 @@ def _raw(value):
 
 _SAME_SIZE_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
-#: memcmp of two C-contiguous buffers (kina_fx._speedups; NotImplemented for
-#: others), or None: the NumPy comparison below is the reference.
+#: memcmp / memmove of two C-contiguous buffers (kina_fx._speedups;
+#: NotImplemented for others), or None: the NumPy comparison and assignment
+#: below are the references.
 _same_bytes = getattr(fibers.compiled_core(), "same_bytes", None)
+_copy_bytes = getattr(fibers.compiled_core(), "copy_bytes", None)
 
 
 def _unchanged(current, recorded) -> bool:
@@ -185,11 +185,10 @@ class BufferTracer:
             tracer = tracer.parent
         return None
 
-    def read(self, array, what, differentiable: bool = True, pending: dict | None = None):
+    def read(self, array, what: str, differentiable: bool = True, pending: dict | None = None):
         """The Tensor (or constant array) ``array`` holds, checked against what was recorded.
 
-        ``what`` names the operand in messages: a string, or a function
-        returning it (called only to raise).  A lenient tape takes an unknown
+        ``what`` names the operand in messages.  A lenient tape takes an unknown
         buffer for a constant, copied now: into ``pending`` when given (the
         caller adds it to the table once the whole call succeeded: a failed
         call changes nothing), else into the table."""
@@ -202,15 +201,17 @@ class BufferTracer:
         if entry is None:
             if self.strict and differentiable:
                 raise TapeError(
-                    f"{_name(what)}: {describe(array)} was not produced by a recorded runtime op, "
+                    f"{what}: {describe(array)} was not produced by a recorded runtime op, "
                     "watched, or declared constant; code that computes a buffer itself "
                     "(MLIR loops rather than runtime calls) is invisible to the tape "
                     "(strict mode: declare it constant, watch it, or use a lenient tape)")
             value = array_module(array).array(array, copy=True)
             (self.table if pending is None else pending)[key] = _Entry(value, value, "constant")
             return value
-        if not _unchanged(array, entry.value):
-            raise TapeError(f"{_name(what)}: {describe(array)} was overwritten after the tape "
+        # The key says shape and type: a recorded value has the buffer's.
+        same = NotImplemented if _same_bytes is None else _same_bytes(array, entry.value)
+        if not (same if same is not NotImplemented else _unchanged(array, entry.value)):
+            raise TapeError(f"{what}: {describe(array)} was overwritten after the tape "
                             "recorded it; its recorded value would give a wrong gradient")
         return entry.tensor
 
@@ -219,9 +220,11 @@ class BufferTracer:
         value = _raw(tensor)
         if value.__class__ is not np.ndarray:
             value = array_module(out).asarray(value)
-        out[...] = value
         if value.dtype != out.dtype or value.shape != out.shape:
+            out[...] = value
             value = array_module(out).array(out, copy=True)
+        elif _copy_bytes is None or _copy_bytes(out, value) is NotImplemented:
+            out[...] = value
         entry = _Entry(tensor, value, kind)
         key = _identity(out)
         tracer = self
@@ -270,17 +273,38 @@ class BufferTracer:
 
     def apply(self, op, out, args):
         """Answer runtime op ``op``'s effect: compute it with autograd, record the output."""
-        inputs = op.inputs
-        n = len(inputs)
+        n, operands, all_differentiable = _plan(op)
         arrays, params = args[:n], args[n:]
         op.check_output(out, *arrays, *params)
-        pending: dict = {}
-        tensors = [self.read(a, lambda o=o: f"{op.name} input {o.name!r}", o.dtype.kind == "f", pending)
-                   for o, a in zip(inputs, arrays)]
+        # Unknown buffers a call may take for constants wait in ``pending``
+        # until it succeeded; a strict tape whose inputs are all floating
+        # refuses unknown buffers instead, and needs none.
+        pending = None if self.strict and all_differentiable else {}
+        read = self.read
+        if n == 2:                              # the binary ops, matmul: no loop
+            (what_a, diff_a), (what_b, diff_b) = operands
+            tensors = (read(arrays[0], what_a, diff_a, pending), read(arrays[1], what_b, diff_b, pending))
+        else:
+            tensors = [read(a, what, differentiable, pending)
+                       for a, (what, differentiable) in zip(arrays, operands)]
         self.record(out, op.differentiate(ad, *tensors, *params))
-        for key, entry in pending.items():      # the call succeeded: its lenient constants are
-            self.table.setdefault(key, entry)   # known now (unless the output overwrote one)
+        if pending:
+            for key, entry in pending.items():      # the call succeeded: its lenient constants are
+                self.table.setdefault(key, entry)   # known now (unless the output overwrote one)
         return out
+
+
+_plans: dict = {}
+
+
+def _plan(op):
+    """``(inputs, ((name in messages, differentiable), ...), all differentiable)`` of a
+    runtime op, made once: the tracer answers every call of it."""
+    plan = _plans.get(op.name)
+    if plan is None or plan[0] is not op:
+        operands = tuple((f"{op.name} input {o.name!r}", o.differentiable) for o in op.inputs)
+        plan = _plans[op.name] = (op, (len(op.inputs), operands, all(d for _, d in operands)))
+    return plan[1]
 
 
 class _Slot:
