@@ -17,6 +17,9 @@ SCRIPTS = {
     "memref": ["bench_memref.py"],
     "abi_contract": ["bench_abi_contract.py"],
     "autograd": ["bench_autograd.py"],
+    # issue 18: compiled code at NumPy speed
+    "compiled": ["bench_compiled_step.py", "bench_tape_ops.py", "bench_runtime_effects.py"],
+    "kernels": ["bench_kernels.py"],
 }
 
 
