@@ -56,9 +56,13 @@ def main(argv=None):
     os.environ["KINA_FX_DEVICE"] = "cpu"
     if args.threads:
         os.environ["KINA_FX_THREADS"] = str(args.threads)
-    from kina_fx import ffi as kffi, kernel_threads, memref
+    from kina_fx import ffi as kffi, memref
 
-    threads = kernel_threads.thread_count()
+    try:
+        from kina_fx import kernel_threads
+        threads = kernel_threads.thread_count()
+    except ImportError:         # a tree before kina_fx.kernel_threads (a "before" run): one thread
+        threads = args.threads or len(os.sched_getaffinity(0))
     torch = _torch()
     if torch is not None:
         torch.set_num_threads(threads)
