@@ -304,7 +304,10 @@ static PyTypeObject *const data_types[] = {
 int
 kfx_add_data_types(PyObject *module)
 {
-    KContinuation_Type.tp_finalize = kfx_continuation_finalize;   /* round_trip.c */
+    /* Continuation's compiled resume and __del__ (round_trip.c): the Python
+     * class inherits them before the reference methods (handlers.py). */
+    KContinuation_Type.tp_finalize = kfx_continuation_finalize;
+    KContinuation_Type.tp_methods = kfx_continuation_methods;
     for (PyTypeObject *const *t = data_types; *t != NULL; t++) {
         if (PyType_Ready(*t) < 0)
             return -1;
