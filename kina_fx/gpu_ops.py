@@ -125,8 +125,10 @@ def matmul_shape(a_shape, b_shape) -> tuple:
     rank >= 3 the leading (batch) dimensions broadcast.
     """
     a_shape, b_shape = tuple(a_shape), tuple(b_shape)
-    if not a_shape or not b_shape:
-        raise ValidationError(f"matmul needs operands of rank >= 1, got shapes {a_shape} and {b_shape}")
+    for which, shape in (("first", a_shape), ("second", b_shape)):
+        if not shape:
+            raise ValidationError(f"matmul: the {which} operand is a scalar (shape ()); matmul needs "
+                                  "operands of rank >= 1 (use mul to scale by a scalar)")
     a2 = (1,) + a_shape if len(a_shape) == 1 else a_shape
     b2 = b_shape + (1,) if len(b_shape) == 1 else b_shape
     if a2[-1] != b2[-2]:
@@ -159,10 +161,13 @@ def matmul(a, b, out=None):
     every 2x2 product a compiled loop makes.
     """
     xp = np if _cupy is None else array_module(a, b)
-    key = (a.shape, b.shape)
+    try:
+        key = (a.shape, b.shape)
+    except AttributeError:      # a Python scalar or list (autograd's kernel passes them on)
+        key = (np.shape(a), np.shape(b))
     shape = _matmul_shapes.get(key)
     if shape is None:
-        shape = matmul_shape(a.shape, b.shape)
+        shape = matmul_shape(*key)
         if len(_matmul_shapes) > 1024:
             _matmul_shapes.clear()
         _matmul_shapes[key] = shape
@@ -179,25 +184,32 @@ def matmul(a, b, out=None):
     return xp.matmul(a, b, out=out)
 
 
-def gather(values, indices, out=None):
-    """Rows of ``values`` picked by integer ``indices``.
-
-    Result shape is ``indices.shape + values.shape[1:]``.  An index outside
-    ``[0, values.shape[0])`` is a ValidationError (no negative wrap-around),
-    raised before ``out`` is written.
-    """
-    xp = array_module(values, indices)
+def gather_shape(values, indices) -> tuple:
+    """The shape of ``gather(values, indices)``, ``indices.shape + values.shape[1:]``,
+    or ValidationError (``values`` of rank 0, indices that are not integers)."""
     if values.ndim < 1:
         raise ValidationError("gather needs values of rank >= 1")
     if indices.dtype.kind not in "iu":
         raise ValidationError(f"gather needs integer indices, not {indices.dtype}")
+    return tuple(indices.shape) + tuple(values.shape[1:])
+
+
+def check_gather_indices(values, indices) -> None:
+    """ValidationError for an index outside ``[0, values.shape[0])`` (no negative
+    wrap-around).  Checked after the shapes: it reads the data."""
     rows = values.shape[0]
-    _check_out(out, tuple(indices.shape) + tuple(values.shape[1:]), "gather")
     if indices.size:
         lo, hi = int(indices.min()), int(indices.max())
         if lo < 0 or hi >= rows:
-            bad = lo if lo < 0 else hi
-            raise ValidationError(f"gather index {bad} out of range [0, {rows})")
+            raise ValidationError(f"gather index {lo if lo < 0 else hi} out of range [0, {rows})")
+
+
+def gather(values, indices, out=None):
+    """Rows of ``values`` picked by integer ``indices`` (:func:`gather_shape`),
+    everything checked before ``out`` is written."""
+    xp = array_module(values, indices)
+    _check_out(out, gather_shape(values, indices), "gather")
+    check_gather_indices(values, indices)
     if out is None:
         return xp.take(values, indices, axis=0)
     if out.size == 0:
@@ -236,14 +248,21 @@ def softmax(x, axis=-1, out=None):
     return out
 
 
+def repeat_interleave_shape(shape, reps: int, axis: int) -> tuple:
+    """``(axis, result shape)`` of repeating each element ``reps`` times along
+    ``axis`` (normalised), or ValidationError (negative ``reps``, bad axis)."""
+    if reps < 0:
+        raise ValidationError(f"repeat_interleave needs reps >= 0, got {reps}")
+    axis = normalize_axis(axis, len(shape))
+    shape = list(shape)
+    shape[axis] *= reps
+    return axis, tuple(shape)
+
+
 def repeat_interleave(x, reps: int, axis: int, out=None):
     """Each element of ``x`` repeated ``reps`` times along ``axis`` (torch semantics)."""
     xp = array_module(x)
-    if reps < 0:
-        raise ValidationError(f"repeat_interleave needs reps >= 0, got {reps}")
-    axis = normalize_axis(axis, x.ndim)
-    shape = list(x.shape)
-    shape[axis] *= reps
+    axis, shape = repeat_interleave_shape(x.shape, reps, axis)
     _check_out(out, shape, "repeat_interleave")
     if out is None:
         return xp.repeat(x, reps, axis=axis)
@@ -476,10 +495,17 @@ def check_permutation(perm, ndim: int) -> tuple:
     return perm
 
 
+def transpose_shape(shape, perm) -> tuple:
+    """``(perm, result shape)`` of permuting the axes of ``shape`` (``perm`` None:
+    reversed), or ValidationError when ``perm`` is not a permutation."""
+    ndim = len(shape)
+    perm = tuple(reversed(range(ndim))) if perm is None else check_permutation(perm, ndim)
+    return perm, tuple(shape[p] for p in perm)
+
+
 def transpose(x, perm=None, out=None):
     """``x`` with its axes permuted (``perm`` None: reversed)."""
-    perm = tuple(reversed(range(x.ndim))) if perm is None else check_permutation(perm, x.ndim)
-    shape = tuple(x.shape[p] for p in perm)
+    perm, shape = transpose_shape(x.shape, perm)
     _check_out(out, shape, "transpose")
     r = x.transpose(perm)
     if out is None:

@@ -882,12 +882,7 @@ class matmul:
     """``a @ b`` with NumPy's rules (1-D operands, batched for rank >= 3).  A
     scalar operand is a ValidationError (use ``mul``)."""
     def kernel(a, b):
-        for which, v in (("first", a), ("second", b)):
-            if not _shape(v):
-                raise ValidationError(
-                    f"matmul: the {which} operand is a scalar (shape ()); matmul needs "
-                    "operands of rank >= 1 (use mul to scale by a scalar)")
-        return gpu_ops.matmul(a, b)
+        return gpu_ops.matmul(a, b)     # its shape rule, gpu_ops.matmul_shape, refuses scalars
 
     def vjp_a(o, g, out, a, b):
         a_shape = a.shape

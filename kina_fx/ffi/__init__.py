@@ -1,6 +1,8 @@
 """kina_fx.ffi: libkina_fx.so's C exports and the Python behind them.
 
-The package holds the cffi layer -- :mod:`~kina_fx.ffi.binding` (binding the
+The package holds the table of every export (:mod:`~kina_fx.ffi.exports`, from
+which the library's C wrappers, its header's prototypes and the docs' tables
+are generated), the cffi layer -- :mod:`~kina_fx.ffi.binding` (binding the
 callbacks, error translation, loading the library from Python),
 :mod:`~kina_fx.ffi.effects` (the effects ABI and its handle tables),
 :mod:`~kina_fx.ffi.alloc` (the memref allocator), :mod:`~kina_fx.ffi.ops` (the

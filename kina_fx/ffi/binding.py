@@ -155,41 +155,15 @@ def _find_lazy_locked(name: str):
 
 # ---- loading the library from Python -------------------------------------------
 
-#: The C declarations of kina_fx.h that Python callers need (ABI mode).
-_BASE_CDEF = """
-typedef struct { int64_t rank; void *descriptor; } kina_unranked_memref_t;
-typedef uint64_t kina_tape_t;
-int32_t kina_abi_version(void);
-const char *kina_last_error(void);
-int32_t _mlir_ciface_runtime_gpu_alloc_unranked(kina_unranked_memref_t *, int32_t);
-int32_t runtime_gpu_free_all(void);
-typedef uint64_t kina_fiber_t;
-typedef uint64_t kina_handler_t;
-typedef int64_t (*kina_fiber_fn)(void *arg);
-typedef int32_t (*kina_handler_fn)(void *ctx, int32_t effect, const int64_t *args, int32_t nargs, int64_t *out_value);
-int32_t kina_effect_id(const char *name, int32_t *out_id);
-int32_t kina_fiber_create(kina_fiber_fn entry, void *arg, const int32_t *catch_effects, int32_t ncatch, kina_fiber_t *out_fiber);
-int32_t kina_resume_fiber(kina_fiber_t fiber, int64_t value, int32_t *out_state);
-int32_t kina_get_perform_id(kina_fiber_t fiber, int32_t *out_effect);
-int32_t kina_get_perform_args(kina_fiber_t fiber, int64_t *out_args, int32_t cap, int32_t *out_nargs);
-int32_t kina_fiber_state(kina_fiber_t fiber, int32_t *out_state);
-int32_t kina_fiber_result(kina_fiber_t fiber, int64_t *out_value);
-int32_t kina_cancel_fiber(kina_fiber_t fiber, int32_t *out_state);
-int32_t kina_fiber_destroy(kina_fiber_t fiber);
-int32_t kina_perform(int32_t effect, const int64_t *args, int32_t nargs, int64_t *out_value);
-int32_t kina_push_handler(kina_handler_fn fn, void *ctx, const int32_t *effects, int32_t neffects, kina_handler_t *out_handler);
-int32_t kina_pop_handler(kina_handler_t handler);
-"""
-
-
 def cdef() -> str:
-    """Every C declaration of kina_fx.h that Python callers need (``ffi.CDEF``).
+    """Every C declaration of kina_fx.h that Python callers need (``ffi.CDEF``):
+    the types and every export of the table (:func:`kina_fx.ffi.exports.cdef`).
 
-    Built on first use: the op exports' declarations come from the op table,
+    Built on first use: the table's op rows come from the runtime op table,
     whose modules import NumPy."""
-    from . import ops as ffi_ops, tapes as ffi_tapes
+    from . import exports
 
-    return _BASE_CDEF + ffi_ops.cdef() + ffi_tapes.CDEF
+    return exports.cdef()
 
 
 def __getattr__(name):

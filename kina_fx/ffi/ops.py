@@ -1,7 +1,8 @@
 """The Python side of the runtime ops' C exports, one callback per row of the op table.
 
-Each ``_mlir_ciface_runtime_*`` wrapper of ``kina_runtime_ops.h`` calls the
-callback built here for its row of :data:`kina_fx.runtime_ops.RUNTIME_OPS`.
+Each ``_mlir_ciface_runtime_*`` export calls the callback built here for its
+row of :data:`kina_fx.runtime_ops.RUNTIME_OPS` (its row of the export table,
+:mod:`kina_fx.ffi.exports`, names it).
 The callback only translates: memref descriptors become NumPy (CuPy) views,
 then it performs the op's effect with those views and the ``int32_t``
 parameters.  The effect's default runs the kernel; a tape answers it instead
@@ -16,6 +17,7 @@ from .. import gpu_ops, memref
 from ..errors import ValidationError
 from ..handlers import perform
 from ..runtime_ops import RUNTIME_OPS
+from .exports import op_callback
 
 F32, F16, I64 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int64)
 
@@ -118,16 +120,11 @@ def _make_callback(op):
             finally:
                 ops.release()
             return 0
-    callback.__name__ = op.callback
-    callback.__qualname__ = op.callback
+    callback.__name__ = callback.__qualname__ = op_callback(op)
     callback.__doc__ = f"The callback of {op.export}: {op.doc}."
     return callback
 
 
 #: Callback name -> function, for :func:`kina_fx.ffi.attach`.
-CALLBACKS = {op.callback: _make_callback(op) for op in RUNTIME_OPS}
+CALLBACKS = {op_callback(op): _make_callback(op) for op in RUNTIME_OPS}
 
-
-def cdef() -> str:
-    """The C declarations of the op exports, for :func:`kina_fx.ffi.load_library` (ABI mode)."""
-    return "".join(f"int32_t {op.export}({op.c_parameters()});\n" for op in RUNTIME_OPS)

@@ -1,4 +1,4 @@
-"""The Python side of the tape ABI (``kina_tape_*``, kina_tape_exports.h).
+"""The Python side of the tape ABI (``kina_tape_*``; their rows: :mod:`kina_fx.ffi.exports`).
 
 Only translation: handles become :class:`kina_fx.autograd.memory.MemoryTape`
 objects (generation-tagged, like fiber handles: a stale or freed handle is
@@ -133,20 +133,3 @@ def kina_py_tape_free(handle):
 
 
 CALLBACKS = {name: fn for name, fn in globals().items() if name.startswith("kina_py_")}
-
-#: The C declarations of the tape ABI, for kina_fx.ffi.load_library (ABI mode).
-CDEF = """
-int32_t kina_tape_begin(int32_t flags, kina_tape_t *out_tape);
-int32_t kina_tape_watch(kina_tape_t tape, kina_unranked_memref_t *buffer, int32_t dtype);
-int32_t kina_tape_constant(kina_tape_t tape, kina_unranked_memref_t *buffer, int32_t dtype);
-int32_t kina_tape_end(kina_tape_t tape);
-int32_t kina_tape_backward(kina_tape_t tape, kina_unranked_memref_t *output, kina_unranked_memref_t *cotangent);
-int32_t kina_tape_grad(kina_tape_t tape, kina_unranked_memref_t *watched, kina_unranked_memref_t *out_grad);
-int32_t kina_tape_free(kina_tape_t tape);
-int32_t _mlir_ciface_kina_tape_begin(kina_unranked_memref_t *out_handle, int32_t flags);
-int32_t _mlir_ciface_kina_tape_watch_f32(int64_t tape, kina_unranked_memref_t *buffer);
-int32_t _mlir_ciface_kina_tape_constant_f32(int64_t tape, kina_unranked_memref_t *buffer);
-int32_t _mlir_ciface_kina_tape_constant_i64(int64_t tape, kina_unranked_memref_t *buffer);
-int32_t _mlir_ciface_kina_tape_backward_f32(int64_t tape, kina_unranked_memref_t *output, kina_unranked_memref_t *cotangent);
-int32_t _mlir_ciface_kina_tape_grad_f32(int64_t tape, kina_unranked_memref_t *watched, kina_unranked_memref_t *out_grad);
-"""

@@ -1,12 +1,14 @@
-"""kina_fx.h, the C export table, the built library and kina_fx.ffi agree.
+"""kina_fx.h, the export table, the built library and kina_fx.ffi agree.
 
 The status codes are defined once, in kina_fx/errors.py; the header mirrors
 them as #defines and this test keeps the two equal.  The exports are listed
-once, in KINA_EXPORTS of kina_runtime.c; the header, the library's dynamic
-symbols and the Python callbacks must match it.
+once, in the table of kina_fx/ffi/exports.py; what build.py reads of it
+(kina_exports.h), the header, the library's dynamic symbols and the Python
+callbacks must match it.
 """
 from __future__ import annotations
 
+import importlib
 import re
 import shutil
 import subprocess
@@ -17,6 +19,7 @@ from support.abi import load_module
 
 from kina_fx import ffi as kffi
 from kina_fx.errors import Status
+from kina_fx.ffi import exports
 from kina_fx.memref import MAX_RANK
 
 NATIVE = Path(kffi.__file__).parent / "c"
@@ -47,7 +50,6 @@ MEMREF_EXPORTS = {
 
 def all_callbacks():
     """Every Python callback the library binds (the callback modules of kina_fx.ffi)."""
-    import importlib
     callbacks = {}
     for module in kffi.CALLBACK_MODULES:
         callbacks.update(importlib.import_module(module).CALLBACKS)
@@ -58,10 +60,14 @@ def test_export_table_header_and_callbacks_agree():
     table = native_build().exports()
     names = {name for name, _, _ in table}
     assert MEMREF_EXPORTS <= names
+    assert names == {row.name for row in exports.PYTHON_EXPORTS}
     callbacks = all_callbacks()
-    for name, py, _ in table:
+    for name, py, params in table:
+        row = exports.BY_NAME[name]
+        assert (py, params) == (row.callback, row.c_parameters())
         assert re.search(rf"\bint32_t {name}\(", HEADER), f"{name} is not declared in kina_fx.h"
         assert py in callbacks, f"no Python callback {py} for {name}"
+        assert py in importlib.import_module(row.module).CALLBACKS, f"{py} is not in {row.module}"
         assert re.search(rf"\bint32_t {name}\(", kffi.CDEF), f"{name} is not in ffi.CDEF"
     assert set(callbacks) == {py for _, py, _ in table}
 
@@ -76,8 +82,7 @@ def test_library_exports_exactly_the_abi():
     out = subprocess.run(["nm", "-D", "--defined-only", kffi.library_path()],
                          check=True, capture_output=True, text=True).stdout
     symbols = {line.split()[-1] for line in out.splitlines() if line.split()[1:2] == ["T"]}
-    expected = {name for name, _, _ in native_build().exports()} | {"kina_last_error", "kina_abi_version"}
-    assert symbols == expected  # no bare cffi export (e.g. PyInit_...) is reachable
+    assert symbols == {row.name for row in exports.EXPORTS}  # no bare cffi export (PyInit_...)
 
 
 @pytest.mark.skipif(shutil.which("readelf") is None, reason="readelf is not installed")

@@ -1,4 +1,4 @@
-"""The runtime op table: generated files, every op's export against NumPy, errors, effects.
+"""The runtime op table: every op's export against NumPy, its primitive, errors, effects.
 
 Each row of kina_fx.runtime_ops.RUNTIME_OPS is called through its real C
 export (libkina_fx.so, in-process) on random float32 data with strided,
@@ -8,7 +8,6 @@ performs its op's effect: a Python handler sees (and may answer) it.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ import pytest
 
 from support.abi import LAYOUTS, Abi, runtime_op_sample, strided
 from kina_fx import Handler, autograd as ad, gpu_ops, runtime_ops
-from kina_fx.errors import Status
+from kina_fx.errors import Status, UnimplementedError
 from kina_fx.runtime_ops import ALL_AXES, BY_NAME, RUNTIME_OPS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,12 +32,6 @@ def cpu(monkeypatch):
     monkeypatch.setenv("KINA_FX_DEVICE", "cpu")
 
 
-def test_generated_files_are_up_to_date():
-    stale = [path for path, content in runtime_ops.generated_files(str(ROOT)).items()
-             if not os.path.exists(path) or open(path).read() != content]
-    assert not stale, f"run `python -m kina_fx.runtime_ops --write`: stale {stale}"
-
-
 def test_every_row_is_exported_declared_and_differentiable():
     from kina_fx import ffi as kffi
 
@@ -47,12 +40,25 @@ def test_every_row_is_exported_declared_and_differentiable():
         assert f"int32_t {op.export}(" in header
         assert f"int32_t {op.export}(" in kffi.CDEF
         assert op.effect.name == f"kina.runtime.{op.name}"
-        if op.differentiate is not runtime_ops._same_tensor:
-            assert op.name in ad.PRIMITIVES, f"{op.name} has no autograd primitive"
+        if op.primitive not in (runtime_ops.IDENTITY, None):
+            assert op.primitive in ad.PRIMITIVES, f"{op.name}: no autograd primitive {op.primitive!r}"
     assert {op.name for op in RUNTIME_OPS} >= {
         "neg", "exp", "log", "tanh", "sigmoid", "relu", "add", "sub", "mul", "div", "pow",
         "sum", "mean", "max", "transpose", "log_softmax", "cross_entropy",
         "matmul", "gather", "softmax", "repeat_interleave"}
+
+
+def test_an_op_without_a_derivative_is_refused_by_a_tape_and_a_copy_is_the_identity():
+    """primitive None: differentiate refuses (a tape then fails the call) rather
+    than record something; IDENTITY: the output is the input itself."""
+    op = BY_NAME["exp"]
+    underivable = runtime_ops.RuntimeOp("exp_nd", "_mlir_ciface_runtime_exp_nd_f32", op.output,
+                                        op.inputs, (), op.kernel, op.check, None, "no derivative")
+    x = np.ones(3, np.float32)
+    with pytest.raises(UnimplementedError, match="exp_nd_f32 has no derivative"):
+        underivable.differentiate(ad, x)
+    assert BY_NAME["copy_to_host_f32"].differentiate(ad, x) is x
+    assert BY_NAME["copy_to_device_f32"].differentiate(ad, x, 0) is x
 
 
 def test_new_exports_follow_the_naming_pattern():
@@ -241,7 +247,7 @@ def test_effect_of_unknown_name():
         runtime_ops.effect_of("frobnicate")
 
 
-@pytest.mark.parametrize("op", [op for op in RUNTIME_OPS if op.differentiate is not runtime_ops._same_tensor],
+@pytest.mark.parametrize("op", [op for op in RUNTIME_OPS if op.primitive not in (runtime_ops.IDENTITY, None)],
                          ids=lambda op: op.name)
 def test_each_row_computes_what_its_autograd_primitive_computes(op):
     """The op table is checked against autograd's registry: the runtime kernel
@@ -253,7 +259,7 @@ def test_each_row_computes_what_its_autograd_primitive_computes(op):
     op.kernel(out, *inputs, *params)
     np.testing.assert_allclose(out, np.asarray(op.differentiate(ad, *inputs, *params)),
                                rtol=1e-6, atol=1e-7)
-    assert ad.PRIMITIVES[op.name].effect is not op.effect     # two effects: arrays vs buffers
+    assert ad.PRIMITIVES[op.primitive].effect is not op.effect     # two effects: arrays vs buffers
 
 
 def test_all_axes_is_int32_min():

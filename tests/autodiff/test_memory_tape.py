@@ -146,6 +146,11 @@ def test_every_op_is_recorded_with_autograds_vjp(abi, op):
             assert t.call("kina_tape_watch", a, code) == OK, abi.last_error()
         else:
             assert t.call("kina_tape_constant", a, code) == OK
+    if op.primitive is None:                  # no derivative: refused, nothing written
+        assert abi.call(op.export, out, *inputs, *params) == Status.UNIMPLEMENTED
+        assert "has no derivative" in abi.last_error() and not out.any()
+        t.free()
+        return
     t.op(op.name, out, *inputs, *params)
     t.end()
     if op.output.dtype != np.float32:         # the f16 copy: recorded, gradients are float32-only
@@ -227,6 +232,31 @@ def test_mlir_style_begin_writes_the_handle_into_a_memref(abi):
     assert abi.call("_mlir_ciface_kina_tape_grad_f32", handle, x, g) == OK
     np.testing.assert_allclose(g, np.e, rtol=1e-6)
     assert abi.lib.kina_tape_free(handle) == OK
+
+
+def test_an_op_whose_row_names_no_primitive_is_refused_by_the_tape(abi):
+    """A row without a derivative (primitive None, as a collective may be) is
+    computed as usual off the tape and refused on it: status 4, nothing written,
+    the tape usable afterwards."""
+    op = BY_NAME["exp"]
+    x = np.ones((2,), np.float32)
+    y = np.zeros_like(x)
+    object.__setattr__(op, "primitive", None)      # the frozen row, for this test only
+    try:
+        assert abi.call(op.export, y, x) == OK
+        np.testing.assert_allclose(y, np.e, rtol=1e-6)
+        y[...] = 0
+        t = Tape(abi)
+        assert t.call("kina_tape_watch", x, F32) == OK
+        assert abi.call(op.export, y, x) == Status.UNIMPLEMENTED
+        assert "_mlir_ciface_runtime_exp_f32 has no derivative" in abi.last_error()
+        assert not y.any()
+    finally:
+        object.__setattr__(op, "primitive", "exp")
+    t.op("exp", y, x)
+    t.end()
+    assert t.call("kina_tape_backward", y, np.ones(2, np.float32)) == OK, abi.last_error()
+    t.free()
 
 
 # ---- strict mode and overwrites ---------------------------------------------------

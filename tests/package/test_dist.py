@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow,
 # The native build inputs an sdist must carry (and every other tracked file of
 # kina_fx/ffi/c and kina_fx/_speedups_c, checked below): without them `pip install kina_fx-*.tar.gz` fails.
 NATIVE_INPUTS = ("build.py", "kina_runtime.c", "kina_loader.c", "kina_fx.h",
-                 "kina_effects_exports.h", "exports.map")
+                 "kina_exports.h", "exports.map")
 
 
 def _run(cmd, timeout=900, **kw):

@@ -13,13 +13,15 @@ It writes into OUTDIR:
   loader chose.  No RPATH names the build machine's libpython.
 * ``include/kina_fx.h`` and ``pkgconfig/kina_fx.pc``.
 
-The C part (kina_runtime.c) is the only thing exported; the ``extern "Python"``
-callbacks it calls are declared here from its ``KINA_EXPORTS`` table, so an
-export is added in one place on the C side; the loader's forwarders come from
-the same tables.
+The exports are the rows of kina_fx/ffi/exports.py, the table of the C ABI.
+This script cannot import that table (the build's environment has no NumPy):
+it reads the table's C form, kina_exports.h (generated from it and checked by
+a test), through the C preprocessor -- to declare the ``extern "Python"``
+callbacks to cffi.  kina_runtime.c and the loader include the same header.
 """
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shlex
@@ -38,7 +40,10 @@ HEADER = "kina_fx.h"
 PKGCONFIG = "kina_fx.pc"
 MODULE = "_kina_fx_embedded"
 
-TYPES_CDEF = """
+# The types of kina_fx.h that the callbacks' parameters use: the text of
+# kina_fx.ffi.exports.CDEF_TYPES (which this script cannot import; a test keeps
+# the two equal).
+TYPES_CDEF = """\
 typedef struct { int64_t rank; void *descriptor; } kina_unranked_memref_t;
 typedef uint64_t kina_fiber_t;
 typedef uint64_t kina_handler_t;
@@ -46,6 +51,10 @@ typedef uint64_t kina_tape_t;
 typedef int64_t (*kina_fiber_fn)(void *arg);
 typedef int32_t (*kina_handler_fn)(void *ctx, int32_t effect, const int64_t *args,
                                    int32_t nargs, int64_t *out_value);
+"""
+
+# What kina_fx.ffi.binding calls in the embedded module besides the callbacks.
+INTERNAL_CDEF = """
 static void kina__set_last_error(const char *message);
 static void kina__set_init_error(const char *message);
 static const char *kina__callback_name(int i);
@@ -71,25 +80,25 @@ except BaseException as exc:
     lib.kina__set_init_error(text.encode("utf-8", "replace")[:1000])
 """
 
-# The files holding X(...) export lines: the memref runtime and the effects ABI.
-EXPORT_TABLES = ("kina_runtime.c", "kina_runtime_ops.h", "kina_tape_exports.h", "kina_effects_exports.h")
+def export_rows() -> list[tuple[str, str, str, str, str]]:
+    """``(path, exported name, Python callback, (parameters), (arguments))`` for
+    every row of kina_exports.h's KINA_EXPORTS, expanded by the C preprocessor."""
+    program = ('#include "kina_exports.h"\n'
+               "#define KINA_ROW(path, name, py, params, args) (#path, #name, #py, #params, #args),\n"
+               "[KINA_EXPORTS(KINA_ROW)]\n")
+    cmd = [*_compiler(), "-E", "-P", f"-I{HERE}", "-x", "c", "-"]
+    result = subprocess.run(cmd, input=program, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"expanding kina_exports.h failed:\n{' '.join(cmd)}\n{result.stderr}")
+    rows = ast.literal_eval(result.stdout.strip())
+    if not rows:
+        raise RuntimeError("kina_exports.h has no KINA_EXPORTS rows")
+    return rows
 
-_EXPORT_LINE = re.compile(r"^\s*X\((\w+),\s*(\w+),\s*\(([^)]*)\),\s*\(([^)]*)\)\)", re.M)
 
-
-def _export_lines(source: str | None) -> list[tuple[str, str, str, str]]:
-    if source is None:
-        source = ""
-        for name in EXPORT_TABLES:
-            with open(os.path.join(HERE, name)) as f:
-                source += f.read()
-    return [(m.group(1), m.group(2), m.group(3).strip(), m.group(4).strip())
-            for m in _EXPORT_LINE.finditer(source)]
-
-
-def exports(source: str | None = None) -> list[tuple[str, str, str]]:
-    """``(exported name, Python callback name, parameter list)`` per KINA_EXPORTS line."""
-    return [(name, py, params) for name, py, params, _ in _export_lines(source)]
+def exports() -> list[tuple[str, str, str]]:
+    """``(exported name, Python callback, parameter list)`` of every export answered by Python."""
+    return [(name, py, params[1:-1]) for _path, name, py, params, _args in export_rows()]
 
 
 def version() -> str:
@@ -115,13 +124,9 @@ def make_ffi():
 
     with open(os.path.join(HERE, "kina_runtime.c")) as f:
         source = f.read()
-    table = exports()
-    if not table:
-        raise RuntimeError("no KINA_EXPORTS entries found in kina_runtime.c")
     ffibuilder = cffi.FFI()
-    cdef = TYPES_CDEF + "".join(
-        f'extern "Python" int32_t {py}({params});\n' for _, py, params in table)
-    ffibuilder.cdef(cdef)
+    ffibuilder.cdef(TYPES_CDEF + INTERNAL_CDEF + "".join(
+        f'extern "Python" int32_t {py}{params};\n' for _path, _name, py, params, _args in export_rows()))
     ffibuilder.embedding_init_code(INIT_CODE)
     ffibuilder.set_source(MODULE, source)
     return ffibuilder
@@ -155,14 +160,6 @@ def _link(source: str, target: str, extra: list[str], verbose: bool) -> None:
                            f"{' '.join(shlex.quote(c) for c in cmd)}\n{result.stdout}{result.stderr}")
 
 
-def _loader_table(path: str) -> None:
-    """kina_loader_exports.h: the loader's X(name, (parameters), (arguments)) table."""
-    lines = [f"    X({name}, ({params}), ({args})) \\\n" for name, _, params, args in _export_lines(None)]
-    with open(path, "w") as f:
-        f.write("/* Generated by kina_fx/ffi/c/build.py from the export tables. */\n"
-                "#define KINA_LOADER_EXPORTS(X) \\\n" + "".join(lines) + "\n")
-
-
 def _pkgconfig_text() -> str:
     # ${pcfiledir}: pkg-config substitutes the .pc file's own directory, so the
     # file holds no absolute path and works wherever the wheel is installed.
@@ -194,7 +191,6 @@ def build(outdir: str, verbose: bool = False, interpreter: str | None = None) ->
         _link(embedded_c, embedded, [*(f"-I{p}" for p in includes),
                                        f"-Wl,-soname,{EMBEDDED_LIBRARY}", "-Wl,-Bsymbolic"], verbose)
 
-        _loader_table(os.path.join(tmp, "kina_loader_exports.h"))
         defines = {
             "KINA_PYTHON_MAJOR": str(sys.version_info.major),
             "KINA_PYTHON_MINOR": str(sys.version_info.minor),
@@ -205,7 +201,7 @@ def build(outdir: str, verbose: bool = False, interpreter: str | None = None) ->
         }
         loader = os.path.join(tmp, LIBRARY)
         _link(os.path.join(HERE, "kina_loader.c"), loader,
-              [f"-I{tmp}", *(f"-D{k}={v}" for k, v in defines.items()), f"-Wl,-soname,{LIBRARY}"],
+              [*(f"-D{k}={v}" for k, v in defines.items()), f"-Wl,-soname,{LIBRARY}"],
               verbose)
 
         os.makedirs(outdir, exist_ok=True)

@@ -8,16 +8,12 @@
  * when Python failed to start or no Python code is attached.  Each export here
  * first runs kina__ensure_python(), which starts the right interpreter itself
  * and returns KINA_STATUS_INTERNAL with a message on failure; only then does it
- * call the static `extern "Python"` function that kina_fx/ffi.py attaches with
- * @ffi.def_extern(error=5, onerror=...).
+ * call the static `extern "Python"` function that kina_fx.ffi.attach binds
+ * with @ffi.def_extern(error=5, onerror=...).
  *
- * Adding an export: a row of the runtime op table (kina_fx/runtime_ops.py,
- * which generates kina_runtime_ops.h and the kina_fx.h prototypes), or one line
- * in KINA_EXPORTS below (kina_tape_exports.h for the tape ABI,
- * kina_effects_exports.h for the effects ABI), its prototype in kina_fx.h, and
- * a function of the same Python name in kina_fx/ffi.py (ffi_tapes.py,
- * ffi.effects.py).
- * build.py reads KINA_EXPORTS to declare the `extern "Python"` functions.
+ * The exports come from KINA_EXPORTS (kina_exports.h), generated from the
+ * table of every export, kina_fx/ffi/exports.py: adding an export is a row
+ * there (docs/abi.md, "Adding an export"), not an edit here.
  *
  * Nothing here keeps a pointer into a caller's stack beyond one call: hosts may
  * run on greenlet fibers whose stacks are copied away while suspended.
@@ -33,19 +29,10 @@
 #include <unistd.h>
 
 #include "kina_fx.h"
-#include "kina_effects_exports.h"
-#include "kina_runtime_ops.h"
-#include "kina_tape_exports.h"
+#include "kina_exports.h"
 #include "kina_fast_api.h"
 
 #define KINA_API __attribute__((visibility("default")))
-
-/* X(exported name, Python callback name, (parameters), (arguments)).
- * Every export returns an int32_t status.  Keep one entry per line: build.py
- * parses these lines. */
-#define KINA_EXPORTS(X) \
-    X(_mlir_ciface_runtime_gpu_alloc_unranked, kina_py_gpu_alloc_unranked, (kina_unranked_memref_t *memref, int32_t element_size), (memref, element_size)) \
-    X(runtime_gpu_free_all, kina_py_gpu_free_all, (void), ())
 
 /* ---- kina_last_error: thread-local, shared by every export --------------- */
 
@@ -264,8 +251,9 @@ static int32_t kina__check_recursion_headroom(void)
 
 /* ---- the exports and their C fast paths ------------------------------------ */
 
-/* The exports of KINA_EFFECT_FAST_EXPORTS (kina_effects_exports.h) first try
- * a C fast path of kina_fx._speedups (kina_fast_api.h): kina_perform answered
+/* The FAST rows of KINA_EXPORTS (kina_perform, kina_resume_fiber and the
+ * fiber queries) first try a C fast path of kina_fx._speedups
+ * (kina_fast_api.h): kina_perform answered
  * by C handlers, a host fiber resumed, its pending perform read, without
  * entering Python through cffi.  A fast path answers (KINA_FAST_DONE, with
  * *status set as the Python path would) or declines having done nothing (a
@@ -352,7 +340,8 @@ static inline void kina__before_python(void)
         api->prepare();
 }
 
-#define KINA_DEFINE_EXPORT(name, pyname, params, args) \
+/* The wrapper of a PYTHON row: the guard, then the callback. */
+#define KINA_DEFINE_PYTHON(name, pyname, params, args) \
     static int32_t pyname params;                        \
     KINA_API int32_t name params                         \
     {                                                    \
@@ -365,12 +354,8 @@ static inline void kina__before_python(void)
         return pyname args;                              \
     }
 
-KINA_EXPORTS(KINA_DEFINE_EXPORT)
-KINA_RUNTIME_OP_EXPORTS(KINA_DEFINE_EXPORT)
-KINA_TAPE_EXPORTS(KINA_DEFINE_EXPORT)
-KINA_EFFECT_EXPORTS(KINA_DEFINE_EXPORT)
-
-#define KINA_DEFINE_FAST_EXPORT(name, pyname, params, args)          \
+/* The wrapper of a FAST row: the guard, the C fast path, then the callback. */
+#define KINA_DEFINE_FAST(name, pyname, params, args)                 \
     static int32_t pyname params;                                    \
     KINA_API int32_t name params                                     \
     {                                                                \
@@ -386,15 +371,13 @@ KINA_EFFECT_EXPORTS(KINA_DEFINE_EXPORT)
     }
 #define KINA__ARGS_AND_STATUS(...) __VA_ARGS__
 
-KINA_EFFECT_FAST_EXPORTS(KINA_DEFINE_FAST_EXPORT)
+#define KINA_DEFINE(path, name, pyname, params, args) KINA_DEFINE_##path(name, pyname, params, args)
+KINA_EXPORTS(KINA_DEFINE)
 
 /* The Python names of the callbacks, for kina_fx.ffi.attach() to check that
  * every one is attached. */
-#define KINA_NAME_OF(name, pyname, params, args) #pyname,
-static const char *const kina__callback_names[] = {
-    KINA_EXPORTS(KINA_NAME_OF) KINA_RUNTIME_OP_EXPORTS(KINA_NAME_OF) KINA_TAPE_EXPORTS(KINA_NAME_OF)
-    KINA_EFFECT_EXPORTS(KINA_NAME_OF)
-    KINA_EFFECT_FAST_EXPORTS(KINA_NAME_OF) NULL};
+#define KINA_NAME_OF(path, name, pyname, params, args) #pyname,
+static const char *const kina__callback_names[] = {KINA_EXPORTS(KINA_NAME_OF) NULL};
 
 static const char *kina__callback_name(int i)
 {
