@@ -8,7 +8,7 @@ embedded interpreter all follow that choice, so the two cannot be swapped
 inside one process.
 
 The ``impl`` fixture ("compiled" / "python") parametrizes every test of the
-folders whose conftest asks for it (effects, abi, hosts/c); a test (or a
+folders whose conftest asks for it (effects, abi, hosts/c, hosts/ocaml); a test (or a
 parameter) marked ``only_impl("compiled")`` is about that implementation's own
 machinery and exists there only (the other run deselects it).  The tests of
 the implementation this process runs run here; those of the other one run
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -125,9 +126,10 @@ class _Child:
             "call", [])
 
     def stop(self):
-        if self.proc.poll() is None:
+        if self.proc.poll() is None:     # the session stopped early (-x, Ctrl-C)
             self.proc.kill()
             self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 _config = []                         # this session's config (for the report hooks)
