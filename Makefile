@@ -20,13 +20,13 @@ endif
 $(STAMP): pyproject.toml setup.py $(wildcard kina_fx/ffi/c/* kina_fx/_speedups_c/*)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,demo]'
+	$(PY) -m pip install -q -e '.[test,demo,mpi]'
 	echo $(abspath $(VENV)) > $(OWNER)
 	touch $(STAMP)
 
 # The type checkers and the documentation build: the extras of `make test` and two more.
 $(DEV_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[test,demo,typing,docs]'
+	$(PY) -m pip install -q -e '.[test,demo,mpi,typing,docs]'
 	echo $(abspath $(VENV)) > $(OWNER)
 	touch $(DEV_STAMP)
 

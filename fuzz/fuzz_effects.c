@@ -15,7 +15,10 @@
  * catch set, then the root's handlers, innermost first), what each handler
  * result means (answer, forward, suspend, a status 1-8 passed on, anything
  * else 1), cancellation (the pending perform returns 7), refused calls
- * writing nothing, stale handles.  Any difference aborts (a reproducer). */
+ * writing nothing, stale handles.  Check order: pushes that must be refused
+ * (no effect, NULL arguments, an effect id nobody made) are status 1 with
+ * nothing written and nothing pushed (later performs see the model's stack).
+ * Any difference aborts (a reproducer). */
 #include "fuzz_common.h"
 
 #define NEFFECTS 4
@@ -69,13 +72,14 @@ static kina_fiber_t dead_fibers[16];
 static int ndead;
 
 /* What the runs reached, printed at exit with KINA_FUZZ_STATS=1. */
-static long reached[8];
-static const char *reached_names[8] = {"created", "suspended", "done", "cancelled", "stale-checked",
-                                       "root performs", "handler pushes", "refused calls"};
+static long reached[9];
+static const char *reached_names[9] = {"created", "suspended", "done", "cancelled", "stale-checked",
+                                       "root performs", "handler pushes", "refused calls",
+                                       "refused pushes"};
 
 static void print_reached(void)
 {
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < 9; i++)
         fprintf(stderr, "%-16s %ld\n", reached_names[i], reached[i]);
 }
 
@@ -408,6 +412,30 @@ static void op_push(kf_bytes_t *b)
     reached[6]++;
 }
 
+/* A kina_push_handler that must be refused (check order: validated before
+ * anything is pushed or written): no effect, a negative count, NULL effects,
+ * an effect id nobody made, a NULL function or out-pointer.  Status 1, the
+ * out-pointer untouched, and the stack as it was (every later perform is
+ * checked against the model's stack). */
+static void op_push_refused(kf_bytes_t *b)
+{
+    static kf_handler_spec_t spec = {H_ANSWER, 1, 7, 0};
+    int32_t ids[2] = {E[kf_pick(b, NEFFECTS)], INT32_MAX - (int32_t)kf_pick(b, 1000)};
+    kina_handler_t handle = 0x4242;
+    int32_t status;
+    switch (kf_pick(b, 5)) {
+    case 0: status = kina_push_handler(kf_handler, &spec, ids, 0, &handle); break;
+    case 1: status = kina_push_handler(kf_handler, &spec, ids, -1 - (int32_t)kf_pick(b, 5), &handle); break;
+    case 2: status = kina_push_handler(kf_handler, &spec, NULL, 1, &handle); break;
+    case 3: status = kina_push_handler(kf_handler, &spec, ids, 2, &handle); break;   /* ids[1] unknown */
+    default: status = kf_one_in(b, 2) ? kina_push_handler(NULL, &spec, ids, 1, &handle)
+                                      : kina_push_handler(kf_handler, &spec, ids, 1, NULL); break;
+    }
+    expect_status(status, KINA_STATUS_VALIDATION, "a kina_push_handler that must be refused");
+    KF_CHECK(handle == 0x4242, "a refused kina_push_handler wrote *out_handler");
+    reached[8]++;
+}
+
 static void op_pop(kf_bytes_t *b)
 {
     if (nroot == 0)
@@ -500,7 +528,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 5: op_destroy(slot); break;
         case 6: op_bad_handle(&b); break;
         case 7: op_perform_args(&b, slot); break;
-        case 8: op_push(&b); break;
+        case 8: kf_one_in(&b, 4) ? op_push_refused(&b) : op_push(&b); break;
         case 9: op_pop(&b); break;
         case 10: op_root_perform(&b); break;
         default: op_effect_id(&b); break;

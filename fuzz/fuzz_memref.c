@@ -14,9 +14,17 @@
  *  - a failed call changed nothing: not one byte of the arena, no descriptor;
  *  - a successful call wrote only the elements of its outputs, and no output
  *    it accepted has two indices sharing an element;
- *  - for the exports with a reference below (copy, matmul, gather, softmax,
- *    repeat_interleave), the outputs equal the reference computed from the
- *    operands as they were before the call (memmove semantics for overlaps);
+ *  - for every op of the runtime op table (copies, matmul, gather, softmax,
+ *    log_softmax, repeat_interleave, the elementwise ops, the broadcasting
+ *    binary ops, the reductions, transpose, cross_entropy), the outputs equal
+ *    a double-precision reference computed from the operands as they were
+ *    before the call (memmove semantics for overlaps);
+ *  - check order (docs/abi.md): now and then a call that is valid but for its
+ *    output's shape gets its floating operands on a PROT_NONE region, all at
+ *    one address (so that the memmove copy of an overlapping input is due),
+ *    sometimes with 2^40 elements each: it must be status 1 exactly, having
+ *    read nothing (a read crashes) and allocated nothing (a copy of 2^40
+ *    elements would be status 2);
  *  - alloc: the documented statuses, the descriptor untouched on failure, a
  *    distinct 64-byte aligned buffer with row-major strides on success.
  */
@@ -48,6 +56,9 @@ typedef struct {
 #define MAX_WORDS (3 + 2 * (KINA_MAX_RANK + 2))
 
 static uint8_t *arena;
+static uint8_t *untouchable;              /* POISON_BYTES that no access may reach */
+#define POISON_BYTES (1 << 20)
+static long check_order_calls[2];         /* [small, 2^40 elements] */
 static uint8_t before[ARENA_BYTES];
 static uint8_t written[ARENA_BYTES];
 
@@ -70,6 +81,8 @@ static long outcomes[KF_NEXPORTS][9];
 
 static void print_outcomes(void)
 {
+    fprintf(stderr, "check-order small %ld\ncheck-order huge %ld\n", check_order_calls[0],
+            check_order_calls[1]);
     for (int e = 0; e < KF_NEXPORTS; e++) {
         fprintf(stderr, "%-48s", KF_EXPORTS[e].name);
         for (int s = 0; s < 9; s++)
@@ -250,6 +263,23 @@ static void place_huge_empty(kf_bytes_t *b, kf_mem_t *m, const int64_t *sizes, i
     write_words(m);
 }
 
+/* A row-major memref of this shape at `address` (not in the arena). */
+static void place_at(kf_mem_t *m, const int64_t *sizes, int rank, int esize, int role, uintptr_t address)
+{
+    memset(m, 0, sizeof *m);
+    m->rank = rank;
+    m->esize = esize;
+    m->role = role;
+    int64_t stride = 1;
+    for (int i = rank - 1; i >= 0; i--) {
+        m->sizes[i] = sizes[i];
+        m->strides[i] = stride;
+        stride *= sizes[i] > 0 ? sizes[i] : 1;
+    }
+    m->aligned = address;
+    write_words(m);
+}
+
 /* ---- shapes for the exports with known rules -------------------------------------------- */
 
 static int has(const char *name, const char *part) { return strstr(name, part) != NULL; }
@@ -268,10 +298,37 @@ typedef struct {
     int rank[8];
     int64_t sizes[8][MAX_DIMS];
     int64_t scalar[8];
+    int64_t perm[MAX_DIMS];       /* transpose's permutation */
     int huge_empty;
 } kf_call_t;
 
-static void shapes_for(kf_bytes_t *b, const kf_export_t *ex, kf_call_t *c)
+static const char *const UNARY[] = {"_neg_f32", "_exp_f32", "_log_f32", "_tanh_f32", "_sigmoid_f32",
+                                    "_relu_f32"};
+static const char *const BINARY[] = {"_add_f32", "_sub_f32", "_mul_f32", "_div_f32", "_pow_f32"};
+static const char *const REDUCTIONS[] = {"_sum_f32", "_mean_f32", "_max_f32"};
+
+static int has_any(const char *name, const char *const *parts, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (strstr(name, parts[i]))
+            return 1;
+    return 0;
+}
+
+#define IS_UNARY(name) has_any(name, UNARY, 6)
+#define IS_BINARY(name) has_any(name, BINARY, 5)
+#define IS_REDUCTION(name) has_any(name, REDUCTIONS, 3)
+#define ALL_AXES INT32_MIN
+
+/* An axis for rank `r`: mostly in [-r, r), sometimes anything. */
+static int64_t draw_axis(kf_bytes_t *b, int r)
+{
+    if (kf_one_in(b, 10) || r == 0)
+        return kf_scalar(b);
+    return (int64_t)kf_pick(b, (uint32_t)(2 * r)) - r;
+}
+
+static void shapes_for(kf_bytes_t *b, const kf_export_t *ex, kf_call_t *c, int may_disagree)
 {
     int64_t s[MAX_DIMS];
     int r = random_shape(b, s, 0);
@@ -323,6 +380,73 @@ static void shapes_for(kf_bytes_t *b, const kf_export_t *ex, kf_call_t *c)
             if (axis >= -rx && axis < rx && reps >= 0)
                 c->sizes[0][(axis + rx) % rx] *= reps;
         }
+    } else if (has(ex->name, "log_softmax")) {
+        int rx = random_shape(b, s, 1);
+        c->rank[0] = c->rank[1] = rx;
+        memcpy(c->sizes[0], s, sizeof s);
+        memcpy(c->sizes[1], s, sizeof s);
+        c->scalar[2] = draw_axis(b, rx);
+    } else if (IS_BINARY(ex->name)) {                 /* broadcasting: suffixes, 1s */
+        int ro = random_shape(b, s, 0);
+        int64_t out[MAX_DIMS] = {0};
+        for (int p = 1; p <= 2; p++) {
+            int drop = kf_one_in(b, 3) ? (int)kf_pick(b, (uint32_t)ro + 1) : 0;
+            c->rank[p] = ro - drop;
+            for (int i = 0; i < c->rank[p]; i++)
+                c->sizes[p][i] = kf_one_in(b, 3) ? 1 : s[drop + i];
+        }
+        for (int i = 0; i < ro; i++) {                 /* NumPy's broadcast, right-aligned */
+            int64_t n = 1;
+            for (int p = 1; p <= 2; p++) {
+                int j = i - (ro - c->rank[p]);
+                if (j >= 0 && c->sizes[p][j] != 1)
+                    n = c->sizes[p][j];
+            }
+            out[i] = n;
+        }
+        c->rank[0] = ro;
+        memcpy(c->sizes[0], out, sizeof out);
+    } else if (IS_REDUCTION(ex->name)) {
+        int rx = random_shape(b, s, 0);
+        c->rank[1] = rx;
+        memcpy(c->sizes[1], s, sizeof s);
+        int64_t axis = kf_one_in(b, 4) ? ALL_AXES : draw_axis(b, rx);
+        int64_t keep = kf_one_in(b, 12) ? kf_scalar(b) : (int64_t)kf_pick(b, 2);
+        c->scalar[2] = axis;
+        c->scalar[3] = keep;
+        int ro = 0;
+        for (int i = 0; i < rx; i++) {
+            int reduced = axis == ALL_AXES || (axis >= -rx && axis < rx && (axis + rx) % rx == i);
+            if (!reduced)
+                c->sizes[0][ro++] = s[i];
+            else if (keep == 1)
+                c->sizes[0][ro++] = 1;
+        }
+        c->rank[0] = ro;
+    } else if (has(ex->name, "transpose")) {
+        int rx = random_shape(b, s, 1);
+        c->rank[1] = rx;
+        memcpy(c->sizes[1], s, sizeof s);
+        for (int i = 0; i < rx; i++)                   /* a random permutation */
+            c->perm[i] = i;
+        for (int i = rx - 1; i > 0; i--) {
+            int j = (int)kf_pick(b, (uint32_t)i + 1);
+            int64_t t = c->perm[i];
+            c->perm[i] = c->perm[j];
+            c->perm[j] = t;
+        }
+        c->rank[2] = 1;
+        c->sizes[2][0] = rx;
+        c->rank[0] = rx;
+        for (int i = 0; i < rx; i++)
+            c->sizes[0][i] = s[c->perm[i]];
+    } else if (has(ex->name, "cross_entropy")) {
+        int rx = random_shape(b, s, 1);
+        c->rank[1] = rx;
+        memcpy(c->sizes[1], s, sizeof s);
+        c->rank[2] = rx - 1;
+        memcpy(c->sizes[2], s, sizeof s);
+        c->rank[0] = 0;
     }
     /* Sometimes an empty shape with huge other sizes, the same for every memref. */
     if ((has(ex->name, "copy") || has(ex->name, "gpu_softmax")) && kf_one_in(b, 12)) {
@@ -335,7 +459,7 @@ static void shapes_for(kf_bytes_t *b, const kf_export_t *ex, kf_call_t *c)
         }
         c->huge_empty = 1;
     }
-    if (kf_one_in(b, 10)) {                       /* a shape that disagrees */
+    if (may_disagree && kf_one_in(b, 10)) {       /* a shape that disagrees */
         int p = (int)kf_pick(b, (uint32_t)ex->nparams);
         if (ex->params[p].kind == KF_MEMREF && c->rank[p] > 0)
             c->sizes[p][kf_pick(b, (uint32_t)c->rank[p])] += 1;
@@ -377,7 +501,7 @@ static int64_t ravel(const int64_t *idx, const int64_t *sizes, int rank)
 
 static void check_close(double got, double want, double tol, const char *what, int64_t k)
 {
-    if (isnan(want) && isnan(got))
+    if ((isnan(want) && isnan(got)) || (isinf(want) && got == want))
         return;
     KF_CHECK(fabs(got - want) <= tol * (1.0 + fabs(want)), "%s: element %lld is %.9g, reference %.9g",
              what, (long long)k, got, want);
@@ -460,6 +584,101 @@ static void check_reference(const kf_export_t *ex, kf_call_t *c)
             KF_CHECK(memcmp(arena + element_pos(o, k), before + element_pos(x, ravel(idx, x->sizes, r)), 4) == 0,
                      "%s: element %lld is not the repeated one", ex->name, (long long)k);
         }
+    } else if (IS_UNARY(ex->name)) {
+        kf_mem_t *x = &mems[1];
+        for (int64_t k = 0; k < n; k++) {
+            double v = read_f32(before, element_pos(x, k));
+            double want = has(ex->name, "_neg_") ? -v : has(ex->name, "_exp_") ? exp(v)
+                        : has(ex->name, "_log_") ? log(v) : has(ex->name, "_tanh_") ? tanh(v)
+                        : has(ex->name, "_sigmoid_") ? 1 / (1 + exp(-v)) : (v > 0 ? v : 0);
+            check_close(read_f32(arena, element_pos(o, k)), (float)want, 1e-6, ex->name, k);
+        }
+    } else if (IS_BINARY(ex->name)) {
+        kf_mem_t *a = &mems[1], *bm = &mems[2];
+        int ro = o->rank;
+        for (int64_t k = 0; k < n; k++) {
+            int64_t ia[MAX_DIMS], ib[MAX_DIMS];
+            unravel(k, o->sizes, ro, idx);
+            for (int i = 0; i < a->rank; i++)             /* right-aligned; size 1 broadcasts */
+                ia[i] = a->sizes[i] == 1 ? 0 : idx[ro - a->rank + i];
+            for (int i = 0; i < bm->rank; i++)
+                ib[i] = bm->sizes[i] == 1 ? 0 : idx[ro - bm->rank + i];
+            float x = (float)read_f32(before, element_pos(a, ravel(ia, a->sizes, a->rank)));
+            float y = (float)read_f32(before, element_pos(bm, ravel(ib, bm->sizes, bm->rank)));
+            double want = has(ex->name, "_add_") ? x + y : has(ex->name, "_sub_") ? x - y
+                        : has(ex->name, "_mul_") ? (double)x * y : has(ex->name, "_div_") ? (double)x / y
+                        : pow(x, y);
+            check_close(read_f32(arena, element_pos(o, k)), (float)want, 1e-6, ex->name, k);
+        }
+    } else if (IS_REDUCTION(ex->name)) {
+        kf_mem_t *x = &mems[1];
+        int r = x->rank;
+        int64_t axis = c->scalar[2];
+        for (int64_t k = 0; k < n; k++) {                 /* every x element that maps to out[k] */
+            double acc = has(ex->name, "_max_") ? -INFINITY : 0;
+            int64_t count = 0, total = count_of(x->sizes, r);
+            unravel(k, o->sizes, o->rank, idx);
+            for (int64_t q = 0; q < total; q++) {
+                int64_t xi[MAX_DIMS];
+                unravel(q, x->sizes, r, xi);
+                int match = 1;
+                for (int i = 0, oi = 0; i < r; i++) {
+                    int reduced = axis == ALL_AXES || (axis + r) % r == i;
+                    if (!reduced)
+                        match &= xi[i] == idx[oi++];
+                    else if (c->scalar[3] == 1)
+                        oi++;
+                }
+                if (!match)
+                    continue;
+                double v = read_f32(before, element_pos(x, q));
+                acc = has(ex->name, "_max_") ? fmax(acc, v) : acc + v;
+                count++;
+            }
+            double want = has(ex->name, "_mean_") ? acc / (double)count : acc;
+            check_close(read_f32(arena, element_pos(o, k)), want, 1e-4, ex->name, k);
+        }
+    } else if (has(ex->name, "transpose")) {
+        kf_mem_t *x = &mems[1];
+        for (int64_t k = 0; k < n; k++) {
+            int64_t xi[MAX_DIMS];
+            unravel(k, o->sizes, o->rank, idx);
+            for (int i = 0; i < o->rank; i++)
+                xi[c->perm[i]] = idx[i];
+            KF_CHECK(memcmp(arena + element_pos(o, k), before + element_pos(x, ravel(xi, x->sizes, x->rank)), 4) == 0,
+                     "%s: element %lld is not the transposed one", ex->name, (long long)k);
+        }
+    } else if (has(ex->name, "log_softmax")) {
+        kf_mem_t *x = &mems[1];
+        int r = x->rank, axis = (int)((c->scalar[2] + r) % r);
+        for (int64_t k = 0; k < n; k++) {
+            unravel(k, o->sizes, r, idx);
+            memcpy(j, idx, sizeof idx);
+            double mx = -INFINITY, sum = 0;
+            for (j[axis] = 0; j[axis] < x->sizes[axis]; j[axis]++)
+                mx = fmax(mx, read_f32(before, element_pos(x, ravel(j, x->sizes, r))));
+            for (j[axis] = 0; j[axis] < x->sizes[axis]; j[axis]++)
+                sum += exp(read_f32(before, element_pos(x, ravel(j, x->sizes, r))) - mx);
+            double want = read_f32(before, element_pos(x, k)) - mx - log(sum);
+            check_close(read_f32(arena, element_pos(o, k)), want, 1e-5, ex->name, k);
+        }
+    } else if (has(ex->name, "cross_entropy")) {
+        kf_mem_t *z = &mems[1], *lab = &mems[2];
+        int r = z->rank;
+        int64_t classes = z->sizes[r - 1], samples = count_of(lab->sizes, lab->rank), zi[MAX_DIMS];
+        double total = 0;
+        for (int64_t q = 0; q < samples; q++) {
+            unravel(q, lab->sizes, lab->rank, zi);
+            int64_t label = read_i64(before, element_pos(lab, q));
+            double mx = -INFINITY, sum = 0;
+            for (zi[r - 1] = 0; zi[r - 1] < classes; zi[r - 1]++)
+                mx = fmax(mx, read_f32(before, element_pos(z, ravel(zi, z->sizes, r))));
+            for (zi[r - 1] = 0; zi[r - 1] < classes; zi[r - 1]++)
+                sum += exp(read_f32(before, element_pos(z, ravel(zi, z->sizes, r))) - mx);
+            zi[r - 1] = label;
+            total -= read_f32(before, element_pos(z, ravel(zi, z->sizes, r))) - mx - log(sum);
+        }
+        check_close(read_f32(arena, element_pos(o, 0)), total / (double)samples, 1e-5, ex->name, 0);
     }
 }
 
@@ -528,6 +747,25 @@ static void fuzz_alloc(kf_bytes_t *b, const kf_export_t *ex)
     last = aligned;
 }
 
+/* Whether every floating memref of the call has one shape, of rank >= 1 (so
+ * that making dimension 0 2^40 larger in all of them keeps the call valid). */
+static int same_floating_shapes(const kf_export_t *ex, const kf_call_t *c)
+{
+    int first = -1;
+    for (int p = 0; p < ex->nparams; p++) {
+        if (ex->params[p].kind != KF_MEMREF || ex->params[p].esize == 8)
+            continue;
+        if (c->rank[p] == 0)
+            return 0;
+        if (first < 0)
+            first = p;
+        else if (c->rank[p] != c->rank[first]
+                 || memcmp(c->sizes[p], c->sizes[first], sizeof(int64_t) * (size_t)c->rank[p]) != 0)
+            return 0;
+    }
+    return first >= 0;
+}
+
 /* ---- the target -------------------------------------------------------------------------- */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -544,6 +782,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     arena = region + page;
     if (getenv("KINA_FUZZ_STATS"))
         atexit(print_outcomes);
+    untouchable = mmap(NULL, POISON_BYTES, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (untouchable == MAP_FAILED)
+        abort();
     if (runtime_gpu_free_all() != 0) {    /* starts Python once, before the first input */
         fprintf(stderr, "fuzz_memref: the library does not start: %s\n", kina_last_error());
         abort();
@@ -578,7 +819,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     kf_call_t c;
     memset(&c, 0, sizeof c);
-    shapes_for(&b, ex, &c);
+    int check_order = kf_one_in(&b, 8);             /* see the file's comment */
+    shapes_for(&b, ex, &c, !check_order);
+    int huge = 0;
+    if (check_order) {
+        if (c.huge_empty)
+            return 0;
+        huge = kf_one_in(&b, 2) && same_floating_shapes(ex, &c);
+        for (int p = 0; huge && p < ex->nparams; p++)
+            if (ex->params[p].kind == KF_MEMREF && ex->params[p].esize != 8)
+                c.sizes[p][0] += 1LL << 40;
+        if (c.rank[0] > 0) {                          /* the output's shape disagrees */
+            c.sizes[0][0] += 1;
+        } else {
+            c.rank[0] = 1;
+            c.sizes[0][0] = 1;
+        }
+    }
     void *args[8] = {0};
     int64_t near = -1;
     int shape_ok = 1;
@@ -588,6 +845,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             continue;
         kf_mem_t *m = &mems[p];
         int64_t n = count_of(c.sizes[p], c.rank[p]);
+        if (check_order && pp->esize != 8) {         /* floating: where nothing may be read */
+            place_at(m, c.sizes[p], c.rank[p], pp->esize, pp->role, (uintptr_t)untouchable);
+            continue;
+        }
         if (c.huge_empty && p < 2)
             place_huge_empty(&b, m, c.sizes[p], c.rank[p], pp->esize, pp->role);
         else if (n * pp->esize > ARENA_BYTES / 4)
@@ -596,17 +857,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             place(&b, m, c.sizes[p], c.rank[p], pp->esize, pp->role, near);
         if (m->in_arena && !c.huge_empty && n > 0)
             near = element_pos(m, 0);
-        if (pp->esize == 8 && !c.huge_empty && n > 0) {   /* int64 indices */
-            int64_t rows = p >= 2 && has(ex->name, "gather") ? c.sizes[1][0] : 4;
+        if (pp->esize == 8 && !c.huge_empty && n > 0) {   /* int64 indices, labels, permutations */
+            int64_t rows = 4;
+            if (p >= 2 && has(ex->name, "gather"))
+                rows = c.sizes[1][0];
+            else if (p >= 2 && has(ex->name, "cross_entropy"))
+                rows = c.sizes[1][c.rank[1] - 1];          /* the classes */
+            int perm = has(ex->name, "transpose");
             for (int64_t k = 0; k < n; k++) {
-                int64_t v = kf_one_in(&b, 16) ? kf_i64(&b) : (rows ? (int64_t)kf_pick(&b, (uint32_t)rows) : 0);
+                int64_t v = kf_one_in(&b, 16) ? kf_i64(&b)
+                          : perm && k < MAX_DIMS ? c.perm[k]
+                          : (rows ? (int64_t)kf_pick(&b, (uint32_t)rows) : 0);
                 memcpy(arena + element_pos(m, k), &v, 8);
             }
         }
     }
     (void)shape_ok;
     int broken = -1;
-    if (kf_one_in(&b, 10)) {
+    if (!check_order && kf_one_in(&b, 10)) {
         int p = (int)kf_pick(&b, (uint32_t)ex->nparams);
         if (ex->params[p].kind == KF_MEMREF && !c.huge_empty) {
             break_memref(&b, &mems[p]);
@@ -636,6 +904,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                      "%s: the descriptor of %s changed", ex->name, ex->params[p].name);
     if (broken >= 0)
         KF_CHECK(status != 0, "%s: malformed %s accepted", ex->name, ex->params[broken].name);
+    if (check_order) {
+        check_order_calls[huge]++;
+        KF_CHECK(status == 1, "%s: a call whose output shape disagrees, its floating operands %s where "
+                 "nothing may be read: status %d (validation comes before any copy or allocation: 1)",
+                 ex->name, huge ? "of 2^40 elements" : "", status);
+    }
     if (status != 0) {
         KF_CHECK(memcmp(before, arena, ARENA_BYTES) == 0, "%s: a failed call (status %d) wrote memory",
                  ex->name, status);

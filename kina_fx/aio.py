@@ -29,6 +29,10 @@ Rules (docs/effects.md, "asyncio"):
   can mix both.  An async ``fun`` clause's result is the perform's value.  An
   async ``on`` clause receives an :class:`AsyncContinuation`: ``await
   k.resume(v)``.
+* An async clause runs where a plain clause would, stepped on the fiber (its
+  awaits go to the loop through the fiber): what it performs, and the code it
+  resumes, reach the same handlers as with a plain clause, those listed before
+  its handler included.
 * ``run(fn, *args, handlers=[...])`` runs ``fn(*args)`` under the handlers
   (outermost first).  ``fn`` may be a plain function or a coroutine function;
   a coroutine runs on the fiber too, so it can ``perform`` effects
@@ -49,27 +53,31 @@ from .handlers import Effect, Handler, Stepper, perform
 
 __all__ = ["run", "handler", "await_only", "AsyncContinuation"]
 
-# Performed by code under run() to hand something to the event loop.  Private
-# effects (ids like any other), caught by run()'s Stepper and nothing else.
-_AWAIT = Effect("kina.aio.await")          # await this awaitable, answer its result
-_YIELD = Effect("kina.aio.yield")          # a coroutine's raw yield to the task
-
-
-def _outside_run(*args):
-    for awaitable in args:
-        if inspect.iscoroutine(awaitable):
-            awaitable.close()        # never awaited: say so once, here, not as a warning
-    raise ValidationError("kina_fx.aio.await_only() needs a caller running under kina_fx.aio.run()")
-
-
-_AWAIT.default = _outside_run
-_YIELD.default = _outside_run
+# Everything awaited under run() (await_only's awaitable, an async clause, a
+# coroutine body) is stepped on the fiber itself, where the code awaiting it
+# runs: what it performs, and the code it resumes, see that code's handlers.
+# Only its raw yields (the futures the task waits on) leave the fiber, by this
+# private effect, caught by run()'s Stepper and nothing else.
+_YIELD = Effect("kina.aio.yield")
+# Answered True by an in-place handler under every handler of a run():
+# "this code runs on a fiber whose yields reach the event loop".
+_UNDER_RUN = Effect("kina.aio.under_run")
+_UNDER_RUN.default = lambda: False
+_UNDER_RUN_HANDLER = Handler(fun={_UNDER_RUN: lambda: True})
 
 
 def await_only(awaitable):
     """From synchronous code running under :func:`run`: await ``awaitable`` on
     the event loop and return its result (raise its exception)."""
-    return perform(_AWAIT, awaitable)
+    return _on_fiber(awaitable, "kina_fx.aio.await_only() needs a caller running under kina_fx.aio.run()")
+
+
+def _on_fiber(awaitable, refusal):
+    if not perform(_UNDER_RUN):
+        if inspect.iscoroutine(awaitable):
+            awaitable.close()        # never awaited: say so once, here, not as a warning
+        raise ValidationError(refusal)
+    return _drive_coroutine(_as_iterator(awaitable))
 
 
 def run(fn, *args, handlers=()):
@@ -116,13 +124,18 @@ def _drive_coroutine(coro):
             send, value = False, exc
 
 
+def _under_run(body):
+    with _UNDER_RUN_HANDLER:                # outside every handler the body installs
+        return body()
+
+
 class _Driver:
     """The awaitable run() returns: drives the fiber from the awaiting task."""
 
     __slots__ = ("_stepper", "__weakref__")
 
     def __init__(self, body):
-        self._stepper = Stepper(body, catch=(_AWAIT, _YIELD))
+        self._stepper = Stepper(_under_run, body, catch=(_YIELD,))
 
     def __await__(self):
         stepper = self._stepper
@@ -130,12 +143,8 @@ class _Driver:
             raise RuntimeError("a kina_fx.aio.run() coroutine can be awaited only once")
         state = stepper.step()
         while state == Stepper.SUSPENDED:
-            effect, payload = stepper.effect, stepper.args[0]
             try:
-                if effect is _AWAIT:
-                    value = yield from _as_iterator(payload)
-                else:
-                    value = yield payload
+                value = yield stepper.args[0]
             except GeneratorExit:
                 # The awaiting coroutine is closed without finishing: cancel the
                 # fiber (its cleanup runs) and let the close go on.
@@ -154,19 +163,27 @@ class _Driver:
 
 
 def _as_iterator(awaitable):
-    if inspect.iscoroutine(awaitable):
-        return awaitable.__await__()
     if not inspect.isawaitable(awaitable):
         raise TypeError(f"await_only needs an awaitable, not {awaitable!r}")
-    return awaitable.__await__()
+    iterator = awaitable.__await__()
+    if not hasattr(iterator, "throw"):         # a plain iterator: give it send and throw
+        iterator = _delegate(iterator)
+    return iterator
+
+
+def _delegate(iterator):
+    return (yield from iterator)
 
 
 class AsyncContinuation:
     """What an ``async def`` ``on`` clause receives: ``await k.resume(v)``.
 
-    The resumed code runs on a fiber of its own, driven by the clause's
-    coroutine, so its async clauses are awaited on the loop too.  Like the
-    continuation it wraps, it is one-shot.
+    Awaited by the clause (directly, or through await_only from code it
+    calls), the resumed code runs right there, on the clause's fiber, under the
+    same handlers as after a plain clause's ``k.resume(v)``.  Awaited by
+    another task (``asyncio.create_task``, ``gather``, ``wait_for``), it runs
+    on a fiber of its own driven by that task, under that task's handlers.
+    Like the continuation it wraps, it is one-shot.
     """
 
     __slots__ = ("_k",)
@@ -176,11 +193,11 @@ class AsyncContinuation:
 
     def resume(self, value=None):
         """A coroutine: continue the handled code with ``value``; return the handler's result."""
-        return _awaited(_Driver(lambda: self._k.resume(value)))
+        return _continue(self._k, False, value)
 
     def discontinue(self, exc):
         """A coroutine: continue the handled code by raising ``exc`` at its perform."""
-        return _awaited(_Driver(lambda: self._k.discontinue(exc)))
+        return _continue(self._k, True, exc)
 
     @property
     def resumed(self) -> bool:
@@ -190,9 +207,23 @@ class AsyncContinuation:
         return f"<AsyncContinuation of {self._k!r}>"
 
 
+async def _continue(k, throw, value):
+    if perform(_UNDER_RUN):
+        # On the fiber (the result is stored first: not a tail resume, since
+        # the awaiting coroutine wants it).
+        result = k.discontinue(value) if throw else k.resume(value)
+        return result
+    return await _Driver(lambda: k.discontinue(value) if throw else k.resume(value))
+
+
+# An async clause is called by a plain clause that steps its coroutine on the
+# fiber where the plain clause runs.
+_CLAUSE_OUTSIDE_RUN = "an async clause of kina_fx.aio.handler() runs only under kina_fx.aio.run()"
+
+
 def _awaiting_fun(clause):
     def fun(*args):
-        return await_only(clause(*args))
+        return _on_fiber(clause(*args), _CLAUSE_OUTSIDE_RUN)
     fun.__name__ = fun.__qualname__ = getattr(clause, "__name__", "async_fun")
     fun.__wrapped__ = clause
     return fun
@@ -200,7 +231,7 @@ def _awaiting_fun(clause):
 
 def _awaiting_on(clause):
     def on(k, *args):
-        return await_only(clause(AsyncContinuation(k), *args))
+        return _on_fiber(clause(AsyncContinuation(k), *args), _CLAUSE_OUTSIDE_RUN)
     on.__name__ = on.__qualname__ = getattr(clause, "__name__", "async_on")
     on.__wrapped__ = clause
     return on
@@ -208,7 +239,7 @@ def _awaiting_on(clause):
 
 def _awaiting_value(clause):
     def value(x):
-        return await_only(clause(x))
+        return _on_fiber(clause(x), _CLAUSE_OUTSIDE_RUN)
     value.__wrapped__ = clause
     return value
 

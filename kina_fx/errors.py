@@ -68,6 +68,15 @@ class KinaTypeError(KinaError, TypeError):
     status = Status.TYPE
 
 
+class CommunicationError(KinaError, RuntimeError):
+    """A collective could not complete: the other processes did not answer in
+    time, one of them failed, or the MPI library reported an error
+    (:mod:`kina_fx.distributed`).  Status 2: a resource -- the other
+    processes -- is not available."""
+
+    status = Status.RESOURCE
+
+
 class Cancelled(KinaError):
     """Raised inside a fiber at its pending perform when the fiber is cancelled."""
 

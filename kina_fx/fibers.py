@@ -446,7 +446,11 @@ def _deliver_and_idle(st, message) -> bool:
     if finished.unwinder is not None:
         # Unwound (or killed by greenlet): go back to whoever unwound us.
         if message is not None and message[0] is RAISED:
-            sys.unraisablehook(_Unraisable(message[1], finished))
+            exc = message[1]
+            sys.unraisablehook(_unraisable_args()(
+                (type(exc), exc, exc.__traceback__,
+                 "Exception ignored while unwinding a dropped continuation", finished)))
+            del exc
         resumer = finished.unwinder
         finished.unwinder = None
         st.mail = None
@@ -471,10 +475,35 @@ def _deliver_and_idle(st, message) -> bool:
     return True
 
 
-class _Unraisable:
-    """The argument sys.unraisablehook expects."""
+def _unraisable_args():
+    """sys.UnraisableHookArgs, which the default sys.unraisablehook insists on
+    (and which sys does not name): the type of what an exception in a
+    ``__del__`` gives the hook, found once."""
+    global _UnraisableHookArgs
+    if _UnraisableHookArgs is None:
+        found = []
+        hook = sys.unraisablehook
 
-    def __init__(self, exc, obj):
-        self.exc_type, self.exc_value, self.exc_traceback = type(exc), exc, exc.__traceback__
-        self.err_msg = "Exception ignored while unwinding a dropped continuation"
-        self.object = obj
+        class Probe:
+            def __del__(self):
+                raise _ProbeError
+
+        def catch(args):
+            if args.exc_type is _ProbeError:
+                found.append(type(args))
+            else:                       # another thread's, meanwhile: pass it on
+                hook(args)
+        sys.unraisablehook = catch
+        try:
+            Probe()
+        finally:
+            sys.unraisablehook = hook
+        _UnraisableHookArgs = found[0]
+    return _UnraisableHookArgs
+
+
+class _ProbeError(Exception):
+    pass
+
+
+_UnraisableHookArgs = None

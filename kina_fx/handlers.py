@@ -329,7 +329,7 @@ class _Skip(data_type("SkipData", ("fiber", "index"))):
         self.index = index
 
 
-def _perform_py(effect, *args):
+def _perform_py(effect, /, *args, **keywords):
     """Perform ``effect`` with ``args``; return the value the handler resumes with.
 
     Raises :class:`Unhandled` here, at the perform site, when no handler in
@@ -338,6 +338,8 @@ def _perform_py(effect, *args):
     This is the reference implementation; ``perform`` is the compiled copy in
     kina_fx/_speedups_c/perform.c when that is in use.
     """
+    if keywords:
+        raise keyword_arguments_error(effect, tuple(keywords))
     st = local.state
     f = st.current
     i = len(f.stack) - 1
@@ -382,6 +384,14 @@ def _perform_py(effect, *args):
                 return effect.default(*args)
             raise Unhandled(effect, args)
         i = len(f.stack) - 1
+
+
+def keyword_arguments_error(effect, names) -> TypeError:
+    """The error of ``perform(effect, key=...)`` (both implementations): it
+    names the effect, as the call's own TypeError could not."""
+    plural = "s" if len(names) > 1 else ""
+    return TypeError(f"perform({effect!r}, ...) got keyword argument{plural} {', '.join(names)}: "
+                     "an effect's arguments are positional, as in perform(effect, *args)")
 
 
 def _run_fun_clause(st, f, i, clause, args):
@@ -786,6 +796,11 @@ def _abort_unless_kept(box, handler, exc):
     except fibers.Unwind as unwound:
         if unwound is not signal:
             raise
+        # Swallowed: drop its traceback, whose frames (this one, the driver's)
+        # hold the signal.  Left to the cycle collector, that cycle would keep
+        # every caller's frame alive, and what they reference: the
+        # continuation of an outer clause, then not aborted when it returns.
+        unwound.__traceback__ = None
     except BaseException as cleanup_error:
         if exc is not None and cleanup_error is not exc:
             cleanup_error.__context__ = exc
@@ -793,29 +808,44 @@ def _abort_unless_kept(box, handler, exc):
 
 
 def _referenced_by_traceback(k, exc):
-    # How many references to k come from the frames of exc's traceback, either
-    # directly (a clause's argument) or through a bound method of k
-    # (``k.resume`` handed to a helper) that nothing but those frames holds.
+    # How many references to k die with exc's traceback: those of its frames
+    # (a clause's argument), and those of objects that only such frames and
+    # such objects hold: a bound ``k.resume`` handed to a helper, a wrapper made
+    # for the clause (aio's AsyncContinuation, multishot's MultiContinuation),
+    # that wrapper's bound ``resume``.  An object is counted once every
+    # reference to it is accounted for, which is looked for a few levels down.
+    # The exception itself is no such object: ``raise Stop(k)`` keeps k.
     if exc is None:
         return 0
     count = 0
-    methods = {}
+    level = []
     tb = exc.__traceback__
     while tb is not None:
-        for ref in gc.get_referents(tb.tb_frame):
-            if ref is k:
-                count += 1
-            elif type(ref) in _BOUND_METHODS and ref.__self__ is k:
-                methods.setdefault(id(ref), [ref, 0])[1] += 1
+        level.append(tb.tb_frame)
         tb = tb.tb_next
-    ref = None                              # the loop's last referent: not a reference to count
-    for entry in methods.values():
-        if sys.getrefcount(entry[0]) - 2 == entry[1]:     # - the entry, - the argument
-            count += 1
+    held = {}                       # id -> [object, references from the frames and dying holders]
+    scanned = set()
+    for _ in range(_HOLDER_LEVELS):
+        for holder in level:
+            for ref in gc.get_referents(holder):
+                if ref is k:
+                    count += 1
+                elif not isinstance(ref, _NOT_HOLDERS):
+                    held.setdefault(id(ref), [ref, 0])[1] += 1
+        holder = ref = None         # the loops' last values: not references to count
+        level = []
+        for key, entry in held.items():
+            # - the entry, - getrefcount's argument: what is left must all be accounted for
+            if key not in scanned and sys.getrefcount(entry[0]) - 2 == entry[1]:
+                scanned.add(key)
+                level.append(entry[0])
+        if not level:
+            break
     return count
 
 
-_BOUND_METHODS = (types.MethodType, types.BuiltinMethodType)
+_HOLDER_LEVELS = 8
+_NOT_HOLDERS = (types.FrameType, types.CodeType, types.ModuleType, BaseException)
 
 
 # The driver loop in use: the one above, or its compiled copy

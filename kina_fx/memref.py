@@ -12,6 +12,7 @@ One function per conversion:
 * :func:`numpy_view`      -- Descriptor -> NumPy array over the same memory
 * :func:`cupy_view`       -- Descriptor -> CuPy array over the same device memory
 * :func:`host_staged`     -- Descriptor -> CuPy copy of host memory + write-back
+  (:func:`stage`: the same from a NumPy view, for callers that validate first)
 * :func:`write_allocation`-- fill a descriptor in place for a new buffer
 * :func:`from_numpy`      -- NumPy array -> unranked memref (for Python callers/tests)
 
@@ -239,7 +240,11 @@ def host_staged(d: Descriptor, dtype: Any, cp: Any,
     stack or malloc memory): inputs are copied in, outputs copied back after
     the op by calling the returned function.
     """
-    host = numpy_view(d, dtype, name)
+    return stage(numpy_view(d, dtype, name), cp)
+
+
+def stage(host: Any, cp: Any) -> Tuple[Any, Callable[[], None]]:
+    """:func:`host_staged` of a NumPy view of host memory (:func:`numpy_view`)."""
     if type(host) is ZeroSize:
         return host, lambda: None
     dev = cp.asarray(host)

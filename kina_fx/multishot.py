@@ -54,7 +54,7 @@ from .errors import ValidationError
 from .fibers import RAISED, Chain
 from .handlers import FORWARD, Effect, Handler, perform
 
-__all__ = ["MultiHandler", "MultiContinuation", "ReplayDiverged"]
+__all__ = ["MultiHandler", "MultiContinuation", "ReplayDiverged", "under_multihandler"]
 
 # Past this many Python frames a replay starts on a fresh fiber, so that deep
 # searches (a shot inside a shot inside a shot...) cost heap, not RecursionError.
@@ -131,16 +131,14 @@ class MultiContinuation:
 
     def _shot(self, send):
         self.shots += 1
-        entry = (self._effect, self._args, send)
         live = self._live
         if live is not None:
             self._live = None
-            self._run.log = (self._entry_at, entry)
             if send[0]:
                 return live.discontinue(send[1])
             return live.resume(send[1])
         script = _unroll(self._entry_at)
-        script.append(entry)
+        script.append((self._effect, self._args, send))
         run = self._run
         return _Run(run.owner, run.fn, run.args, tuple(script)).start()
 
@@ -186,8 +184,9 @@ class _Table:
 
 
 class _Recorded:
-    """The ``fun`` table of a replay's in-place handler: every effect is answered
-    from the record while it lasts."""
+    """The ``fun`` table of a run's in-place handler, under everything the body
+    installs: every effect is answered from the record while it lasts, then by
+    the run's own handler, and each answer is recorded."""
 
     __slots__ = ("run", "clauses")
 
@@ -219,27 +218,33 @@ class _Run:
     def start(self):
         handler = Handler(ret=self.returned, exc=self.raised)
         handler.on = _Table(self)
-        body = self.replay if self.script else self.fn
-        args = () if self.script else self.args
         if _stack_is_deep():
-            return _on_fresh_stack(handler.run, body, *args)
-        return handler.run(body, *args)
+            return _on_fresh_stack(handler.run, self.body)
+        return handler.run(self.body)
 
-    def replay(self):
-        # The recorded answers are given in place, by an in-place handler under
-        # everything the body installs: no fiber switch for the replayed prefix.
-        # Past the record it declines (FORWARD) and the perform reaches the
-        # ``on`` table of the run's handler, as in the first run.
+    def body(self):
+        # The record is kept where the answers arrive, by an in-place handler
+        # under everything the body installs: whatever answers a perform (a
+        # clause, an outer handler, or the eager abort's Unwind, which no
+        # clause gives) is what a replay gives back.  The recorded prefix of a
+        # replay is answered right there, with no fiber switch.
         answers = Handler()
         answers.fun = _Recorded(self)
         with answers:
             return self.fn(*self.args)
 
     def recorded(self, effect, args):
-        """The in-place answer of a replay: the recorded one, while there is one."""
+        """The in-place answer: the recorded one while there is one, then the
+        run's handler's (its ``on`` table, reached past this clause)."""
         pos = self.pos
         if pos >= len(self.script):
-            return FORWARD
+            try:
+                value = perform(effect, *args)
+            except BaseException as exc:
+                self.log = (self.log, (effect, args, (True, exc)))
+                raise
+            self.log = (self.log, (effect, args, (False, value)))
+            return value
         recorded_effect, recorded_args, send = self.script[pos]
         if recorded_effect is not effect or not _same_args(recorded_args, args):
             raise ReplayDiverged(
@@ -272,12 +277,16 @@ class _Run:
         fun = owner.fun.get(effect)
         try:
             # Not an ``on`` effect: a fun clause of ours answers it, or it goes
-            # on outward (this clause runs outside the run's handler).
-            value = fun(*args) if fun is not None else perform(effect, *args)
-        except Exception as exc:
-            self.log = (self.log, (effect, args, (True, exc)))
+            # on outward, also when the fun clause declines (FORWARD); this
+            # clause runs outside the run's handler.  Any exception,
+            # BaseExceptions included (a CancelledError, a KeyboardInterrupt,
+            # an outer abort's Unwind), is the perform's answer, as it would be
+            # without this handler in between.
+            value = FORWARD if fun is None else fun(*args)
+            if value is FORWARD:
+                value = perform(effect, *args)
+        except BaseException as exc:
             return k.discontinue(exc)
-        self.log = (self.log, (effect, args, (False, value)))
         return k.resume(value)
 
     def returned(self, value):
@@ -358,3 +367,23 @@ def _on_fresh_stack(fn, *args):
     if kind is RAISED:
         raise payload
     return payload
+
+
+def under_multihandler() -> bool:
+    """Whether the running code is part of the body of a :class:`MultiHandler`
+    run, and so may be run again by a replay.
+
+    A handler installed inside such a body that keeps state of its own (a
+    recording, a counter) can route that state through the run's record
+    (perform an effect with a ``default``: it is forwarded outward once and
+    replays answer it from the record), as kina_fx.testing does; outside any
+    run it can do without (and without reaching handlers that catch every
+    effect, such as a ``Stepper`` with ``catch=None``).
+    """
+    fiber = fibers.current()
+    while fiber is not None:
+        handler = fiber.handler
+        if handler is not None and isinstance(handler.on, _Table):
+            return True
+        fiber = fiber.parent
+    return False

@@ -35,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import gpu_ops
+from . import collectives, gpu_ops
 from .errors import UnimplementedError, ValidationError
 from .handlers import Effect
 
@@ -87,7 +87,8 @@ class RuntimeOp:
 
     def __post_init__(self):
         effect = Effect("kina.runtime." + self.name)
-        effect.default = _memmove_default(self.kernel, len(self.inputs), self.overlap_safe)
+        effect.default = _memmove_default(self.kernel, self.check_output, len(self.inputs),
+                                          self.overlap_safe)
         object.__setattr__(self, "effect", effect)
 
     @property
@@ -114,17 +115,22 @@ class RuntimeOp:
         return getattr(autograd, self.primitive)(*self.primitive_args(*args))
 
 
-def _memmove_default(kernel, n, numpy_overlap_safe):
+def _memmove_default(kernel, check_output, n, numpy_overlap_safe):
     """The effect's default: the kernel, with memmove semantics (docs/abi.md):
     an input that may share memory with ``out`` is copied first, unless the
-    kernel is known to handle that (NumPy only: CuPy promises nothing)."""
+    kernel is known to handle that (NumPy only: CuPy promises nothing).  The
+    call is validated before that copy (docs/abi.md, "Check order"): an
+    invalid one must neither allocate nor read the caller's memory."""
     ndarray = np.ndarray
 
     def default(out, *args):
         if numpy_overlap_safe and out.__class__ is ndarray:
             return kernel(out, *args)
         xp = gpu_ops.array_module(out)
-        inputs = [gpu_ops.apart_from((out,), a, xp) for a in args[:n]]
+        inputs = args[:n]
+        if any(gpu_ops.may_overlap(out, a, xp) for a in inputs):
+            check_output(out, *args)
+            inputs = [gpu_ops.apart_from((out,), a, xp) for a in inputs]
         return kernel(out, *inputs, *args[n:])
     return default
 
@@ -202,6 +208,36 @@ def _copy_kernel(out, src):
 
 def _copy_to_device_kernel(out, src, device):
     return _copy_kernel(out, src)
+
+
+# ---- collectives: on the group in scope (kina_fx.collectives) ---------------------
+
+def _all_reduce_check(x, op):
+    collectives.op_of_code(op)
+    return x.shape
+
+
+def _broadcast_check(x, root):
+    if root < 0:
+        raise ValidationError(f"broadcast: root {root} out of range (ranks are >= 0)")
+    return x.shape
+
+
+def _into(out, shape, name):
+    if tuple(out.shape) != tuple(shape):
+        raise ValidationError(f"{name}: out has shape {tuple(out.shape)}, expected {tuple(shape)}")
+
+
+def _all_reduce_kernel(out, x, op):
+    _into(out, _all_reduce_check(x, op), "all_reduce")
+    out[...] = collectives.current_group().all_reduce(x, collectives.op_of_code(op))
+    return out
+
+
+def _broadcast_kernel(out, x, root):
+    _into(out, _broadcast_check(x, root), "broadcast")
+    out[...] = collectives.current_group().broadcast(x, root)
+    return out
 
 
 # ---- the primitives' arguments, from the export's -----------------------------
@@ -294,6 +330,16 @@ RUNTIME_OPS: tuple = (
               lambda out, logits, labels: gpu_ops.cross_entropy(logits, labels, out),
               _cross_entropy_check, "cross_entropy",
               "out (rank 0) = mean over samples of -log_softmax(logits)[label], classes last"),
+    # The collectives (kina_fx.collectives): on the group in scope, one process by default.
+    RuntimeOp("all_reduce", "_mlir_ciface_runtime_all_reduce_f32", OUT, (X,), ("op",),
+              _all_reduce_kernel, _all_reduce_check, "all_reduce",
+              "out = `op` of every process's x, elementwise (KINA_REDUCE_SUM, _MEAN, _MAX, _MIN); "
+              "a copy of x on one process",
+              primitive_args=lambda x, op: (x, collectives.op_of_code(op))),
+    RuntimeOp("broadcast", "_mlir_ciface_runtime_broadcast_f32", OUT, (X,), ("root",),
+              _broadcast_kernel, _broadcast_check, "broadcast",
+              "out = process `root`'s x (every process passes x of that shape); a copy of x on "
+              "one process"),
 )
 
 BY_NAME = {op.name: op for op in RUNTIME_OPS}

@@ -28,7 +28,7 @@ PyObject *g_local, *g_handler_fun, *g_handler_on, *g_unhandled, *g_cancelled, *g
          *g_effects_by_id, *g_suspend, *g_remove_marker, *g_forward, *g_gexit, *g_unwind,
          *g_begin_unwind, *g_switch_into_py, *g_unwind_fn, *g_resume_py, *g_abort_unless_kept,
          *g_drive_fresh, *g_performed, *g_returned, *g_raised, *g_suspend_to_host,
-         *g_answer_fn, *g_report_fn, *g_states[N_STATES];
+         *g_answer_fn, *g_report_fn, *g_keyword_arguments_error, *g_states[N_STATES];
 PyTypeObject *g_fiber_t, *g_tstate_t, *g_skip_t, *g_handler_t, *g_tail_t, *g_chain_t, *g_cont_t,
              *g_stepper_t, *g_catch_t, *g_cclause_t, *g_chandler_t;
 PyObject *t_resume_names, *t_cache, *t_tail_calls, *t_names_function;
@@ -94,6 +94,7 @@ static const collaborator collaborators[] = {
     {"kina_fx.handlers", "Stepper.CANCELLED", &g_states[ST_CANCELLED], ANY, NULL},
     {"kina_fx.handlers", "_HOP_DEPTH", &o_hop_depth, INT, NULL},
     {"kina_fx.handlers", "_suspend_perform", &g_suspend, CALLABLE, NULL},
+    {"kina_fx.handlers", "keyword_arguments_error", &g_keyword_arguments_error, CALLABLE, NULL},
     {"kina_fx.handlers", "_remove_marker", &g_remove_marker, CALLABLE, NULL},
     {"kina_fx.handlers", "_ContinuationReference.resume", &g_resume_py, CALLABLE, NULL},
     {"kina_fx.handlers", "_abort_unless_kept", &g_abort_unless_kept, CALLABLE, NULL},

@@ -573,8 +573,22 @@ PyDoc_STRVAR(perform_doc,
 "scope handles ``effect`` and it has no ``default``.  (Compiled version of\n"
 "kina_fx.handlers._perform_py.)");
 
+/* perform(E, key=1): the error names the effect, in the words of the Python
+   perform (kina_fx.handlers.keyword_arguments_error, the one source). */
 static PyObject *
-perform(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+refuse_keywords(PyObject *effect, PyObject *kwnames)
+{
+    PyObject *call[2] = {effect, kwnames};
+    PyObject *exc = PyObject_Vectorcall(g_keyword_arguments_error, call, 2, NULL);
+    if (exc != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+    return NULL;
+}
+
+static PyObject *
+perform(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     if (nargs < 1) {
         PyErr_SetString(PyExc_TypeError, "perform() missing 1 required positional argument: 'effect'");
@@ -582,6 +596,8 @@ perform(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     }
     if (!KFX_READY())
         return NULL;
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)
+        return refuse_keywords(args[0], kwnames);
     PyObject *effect = args[0];
     PyObject *const *cargs = args + 1;
     Py_ssize_t n = nargs - 1;
@@ -717,6 +733,6 @@ error:
 }
 
 PyMethodDef kfx_perform_methods[] = {
-    {"perform", (PyCFunction)(void (*)(void))perform, METH_FASTCALL, perform_doc},
+    {"perform", (PyCFunction)(void (*)(void))perform, METH_FASTCALL | METH_KEYWORDS, perform_doc},
     {NULL, NULL, 0, NULL},
 };

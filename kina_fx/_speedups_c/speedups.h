@@ -10,7 +10,7 @@
  *   c_abi.c       kina_perform from C answered by C handlers
  *                          (ffi.effects.kina_py_perform + CClause)
  *   tail.c        the tail-resume check
- *                          (handlers._returns_straight_to_driver)
+ *                          (handlers._returns_straight_to_driver_py)
  *   round_trip.c  an ``on`` perform + resume: suspend, switch_into,
  *                          the driver loop, Continuation.resume / __del__
  *   c_fibers.c    the C ABI's host fibers (handlers.Stepper._step and the
@@ -171,6 +171,7 @@ extern PyObject *g_cancelled;      /* errors.Cancelled                          
 extern PyObject *g_effect_t;       /* handlers.Effect                           */
 extern PyObject *g_effects_by_id;  /* handlers.Effect._by_id                    */
 extern PyObject *g_suspend;        /* handlers._suspend_perform                 */
+extern PyObject *g_keyword_arguments_error; /* handlers.keyword_arguments_error */
 extern PyObject *g_remove_marker;  /* handlers._remove_marker                   */
 extern PyObject *g_forward;        /* handlers.FORWARD                          */
 extern PyObject *g_gexit;          /* greenlet.GreenletExit                     */

@@ -34,8 +34,9 @@ else:
                              softmax, stack, stop_gradient, sub, sum, tanh, transpose, where)
 from . import numpy_protocol  # noqa: F401  (installs Tensor.__array_ufunc__/__array_function__)
 from .functions import array, dot, flatten, ravel, squeeze
-from . import ops_linalg, ops_math, ops_shape
+from . import ops_collective, ops_linalg, ops_math, ops_shape
 if not TYPE_CHECKING:   # (their ops' signatures are in _op_signatures.pyi too)
+    from .ops_collective import *  # noqa: F401,F403
     from .ops_linalg import *  # noqa: F401,F403
     from .ops_math import *  # noqa: F401,F403
     from .ops_shape import *  # noqa: F401,F403
@@ -55,4 +56,4 @@ __all__ = [
     "BACKWARD_OBSERVED", "observe_backward", "is_traced", "kernels", "recordable",
     "custom_vjp", "custom_jvp", "primitive", "defvjp", "defjvp",
     "jacobian", "jacfwd", "jacrev", "hessian", "hvp", "elementwise_grad",
-] + ops_math.__all__ + ops_linalg.__all__ + ops_shape.__all__
+] + ops_math.__all__ + ops_linalg.__all__ + ops_shape.__all__ + ops_collective.__all__

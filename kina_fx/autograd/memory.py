@@ -38,6 +38,8 @@ backward pass recorded by an outer tape gives higher-order derivatives.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from .. import autograd as ad
@@ -168,9 +170,16 @@ class BufferTracer:
             tracer = tracer.parent
         return None
 
-    def read(self, array, what: str, differentiable: bool = True):
-        """The Tensor (or constant array) ``array`` holds, checked against what was recorded."""
-        entry = self.lookup(buffer_key(array))
+    def read(self, array, what: str, differentiable: bool = True, pending: dict | None = None):
+        """The Tensor (or constant array) ``array`` holds, checked against what was recorded.
+
+        A lenient tape takes an unknown buffer for a constant, copied now: into
+        ``pending`` when given (the caller adds it to the table once the whole
+        call succeeded: a failed call changes nothing), else into the table."""
+        key = buffer_key(array)
+        entry = self.lookup(key)
+        if entry is None and pending is not None:
+            entry = pending.get(key)
         if entry is None:
             if self.strict and differentiable:
                 raise TapeError(
@@ -179,7 +188,7 @@ class BufferTracer:
                     "(MLIR loops rather than runtime calls) is invisible to the tape "
                     "(strict mode: declare it constant, watch it, or use a lenient tape)")
             value = array_module(array).array(array, copy=True)
-            entry = self.table[buffer_key(array)] = _Entry(value, value, "constant")
+            (self.table if pending is None else pending)[key] = _Entry(value, value, "constant")
             return value
         if not _unchanged(array, entry.value):
             raise TapeError(f"{what}: {describe(array)} was overwritten after the tape recorded it; "
@@ -201,9 +210,19 @@ class BufferTracer:
             tracer = tracer.parent
 
     def declare_constant(self, array) -> None:
-        """Record ``array``'s buffer as a constant input (its values are copied now)."""
+        """Record ``array``'s buffer as an input this tracer does not differentiate.
+
+        Its values are copied now, unless an outer tracer knows the buffer by
+        these very values: then it is the outer tracer's Tensor, which this
+        tracer does not differentiate but the outer one still does (a copy
+        would cut the outer gradient's paths through this tracer's ops)."""
+        key = buffer_key(array)
+        outer = self.parent.lookup(key) if self.parent is not None else None
+        if outer is not None and _unchanged(array, outer.value):
+            self.table[key] = _Entry(outer.tensor, outer.value, "constant")
+            return
         value = array_module(array).array(array, copy=True)
-        self.table[buffer_key(array)] = _Entry(value, value, "constant")
+        self.table[key] = _Entry(value, value, "constant")
 
     def bind(self, array, tensor, value) -> None:
         """Record that ``array``'s buffer holds ``tensor`` (a Python caller's traced
@@ -232,9 +251,12 @@ class BufferTracer:
         n = len(op.inputs)
         arrays, params = args[:n], args[n:]
         op.check_output(out, *arrays, *params)
-        tensors = [self.read(a, f"{op.name} input {o.name!r}", o.differentiable)
+        pending: dict = {}
+        tensors = [self.read(a, f"{op.name} input {o.name!r}", o.differentiable, pending)
                    for o, a in zip(op.inputs, arrays)]
         self.record(out, op.differentiate(ad, *tensors, *params))
+        for key, entry in pending.items():      # the call succeeded: its lenient constants are
+            self.table.setdefault(key, entry)   # known now (unless the output overwrote one)
         return out
 
 
@@ -281,6 +303,10 @@ class MemoryTape(BufferTracer):
 
     ``begin`` -> ``watch``/``constant`` -> runtime ops -> ``end`` ->
     ``backward`` -> ``grad``, on the fiber (and OS thread) that began it.
+
+    A tape still recording when the fiber it records on ends (or its thread
+    exits) is *stale*: what it held is released then, every later call but
+    :meth:`free` raises ValidationError.
     """
 
     def __init__(self, strict: bool = True):
@@ -288,10 +314,15 @@ class MemoryTape(BufferTracer):
         self.tape = ad.Tape()
         self.thread = fibers.local.state.serial
         self.ended = False
+        self.stale = False
         self._watched: dict = {}          # key -> box of self.tape
         self._gradients: dict | None = None
+        self._fiber = None                # weak reference to the fiber it records on
 
     def _check_thread(self):
+        if self.stale:
+            raise ValidationError("this tape is stale: the fiber it recorded on ended before the "
+                                  "tape was ended (free it)")
         fibers.check_owner(self, "tape")
 
     def begin(self) -> "MemoryTape":
@@ -304,7 +335,23 @@ class MemoryTape(BufferTracer):
         except BaseException:
             self.tape.__exit__(None, None, None)
             raise
+        self._fiber = weakref.ref(fibers.current(), self._fiber_ended)
         return self
+
+    def _fiber_ended(self, _ref) -> None:
+        """The fiber this tape records on is gone (its job ended, or its thread
+        exited), and with it the handler stack the tape was on: the tape can
+        never be ended, so it lets go of everything it held."""
+        if not self.recording:
+            return
+        self.stale = True
+        self.recording = False
+        self._handler = None      # went with the fiber's stack (never exited: not pooled)
+        self.tape = None
+        self.parent = None
+        self.table.clear()
+        self._watched.clear()
+        self._gradients = None
 
     def end(self) -> None:
         self._check_thread()
@@ -313,9 +360,15 @@ class MemoryTape(BufferTracer):
         self.stop()
         self.tape.__exit__(None, None, None)
         self.ended = True
+        self._fiber = None
 
     def watch(self, array) -> None:
-        """Make ``array``'s buffer a differentiable input (its values are copied now)."""
+        """Make ``array``'s buffer a differentiable input (its values are copied now).
+
+        Refused for a buffer this tape already holds a value of (produced by
+        one of its ops, or taken as a constant) as long as the buffer still
+        holds that value: watching it would make it a new leaf, and the
+        gradients would silently miss every use or path before the watch."""
         self._check_thread()
         self._require_recording("watch")
         if array.dtype.kind != "f":
@@ -324,6 +377,19 @@ class MemoryTape(BufferTracer):
         key = buffer_key(array)
         if key in self._watched:
             raise ValidationError(f"{describe(array)} is already watched by this tape")
+        known = self._holds(key, array)
+        if known is not None and known.kind == "produced":
+            raise ValidationError(
+                f"cannot watch {describe(array)}: it holds a value produced by a recorded runtime op "
+                "of this tape; a watched buffer is a new input, so the gradients of the inputs it "
+                "was computed from would silently lose every path through it (watch inputs before "
+                "computing from them; differentiate with respect to an intermediate value with a "
+                "nested tape)")
+        if known is not None and known.kind == "constant":
+            raise ValidationError(
+                f"cannot watch {describe(array)}: this tape already took it as a constant (declared, "
+                "or read by a lenient tape); its uses so far would be missing from its gradient "
+                "(watch it before it is used, or use a new tape)")
         outer = self.parent.lookup(key) if self.parent is not None else None
         if outer is not None and _unchanged(array, outer.value):
             box = self.tape.watch(outer.tensor)       # nested: a box around the outer value
@@ -333,10 +399,31 @@ class MemoryTape(BufferTracer):
         self.table[key] = _Entry(box, _raw(box), "watched")
 
     def constant(self, array) -> None:
-        """Declare ``array``'s buffer an input that is not differentiated (copied now)."""
+        """Declare ``array``'s buffer an input that is not differentiated (copied now).
+
+        Refused for a buffer this tape watches or produced, as long as it holds
+        that value: its later uses would be data, so the gradients through them
+        would silently be 0.  Declaring a constant again is allowed (a refilled
+        constant buffer), and so is a buffer the host has written since."""
         self._check_thread()
         self._require_recording("constant")
+        known = self._holds(buffer_key(array), array)
+        if known is not None and known.kind == "watched":
+            raise ValidationError(f"cannot declare {describe(array)} constant: it is watched by "
+                                  "this tape, and a constant's gradient would silently be 0")
+        if known is not None and known.kind == "produced":
+            raise ValidationError(
+                f"cannot declare {describe(array)} constant: it holds a value produced by a "
+                "recorded runtime op of this tape, and reading it as a constant would silently "
+                "cut the gradients' paths through it")
         self.declare_constant(array)
+
+    def _holds(self, key, array):
+        """This tape's own entry for ``array``'s buffer if the buffer still holds its value."""
+        entry = self.table.get(key)
+        if entry is not None and _unchanged(array, entry.value):
+            return entry
+        return None
 
     def backward(self, output, cotangent) -> None:
         """Reverse mode from ``output`` seeded with ``cotangent``; replaces earlier gradients."""
@@ -377,6 +464,8 @@ class MemoryTape(BufferTracer):
             out[...] = array_module(out).asarray(_raw(g))
 
     def free(self) -> None:
+        if self.stale:          # nothing left to release, from any thread
+            return
         self._check_thread()
         if self.recording:
             self.end()

@@ -111,7 +111,8 @@ def train(epochs=40, hidden=128, batch=64, lr=2e-3, seed=0, progress=True):
             "losses": losses, "seconds": seconds, "backend": xp.__name__}
 
 
-def plot_losses(losses, path, title="kina_fx autograd: 64-128-10 MLP on sklearn digits"):
+def plot_losses(losses, path, title="kina_fx autograd: 64-128-10 MLP on sklearn digits",
+                xlabel="epoch", ylabel="mean training cross-entropy"):
     """Loss curves on one log-scale plot, written to ``path`` (PNG).
 
     ``losses``: a list of per-epoch losses, or ``{label: (losses, plot style)}``
@@ -123,8 +124,8 @@ def plot_losses(losses, path, title="kina_fx autograd: 64-128-10 MLP on sklearn 
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, (values, style) in curves.items():
         ax.plot(range(1, len(values) + 1), values, label=label, **style)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("mean training cross-entropy")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_yscale("log")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)

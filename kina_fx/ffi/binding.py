@@ -39,6 +39,7 @@ CALLBACK_MODULES = {
     "kina_fx.ffi.alloc": "lazy",
     "kina_fx.ffi.ops": "lazy",
     "kina_fx.ffi.tapes": "lazy",
+    "kina_fx.ffi.distributed": "lazy",
 }
 
 

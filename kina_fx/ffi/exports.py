@@ -110,6 +110,7 @@ SECTIONS = {
     "effects": "the effects C ABI",
     "tapes": "autograd tapes over memrefs",
     "mlir_tapes": "the tape ABI in the form MLIR calls (llvm.emit_c_interface)",
+    "distributed": "the process group: MPI for the collectives (docs/distributed.md)",
 }
 
 
@@ -306,8 +307,39 @@ def _mlir_tape_rows() -> list:
     ]
 
 
+def _distributed_row(name, params, doc, summary="") -> Export:
+    return Export(name, tuple(c(p) for p in params), False, "distributed", doc, summary,
+                  callback="kina_py_" + name.removeprefix("kina_"), module="kina_fx.ffi.distributed")
+
+
+def _distributed_rows() -> list:
+    return [
+        _distributed_row("kina_distributed_init", ("int32_t flags",),
+                         "Make MPI_COMM_WORLD the process group (starting MPI through mpi4py if the "
+                         "host did not); flags: 0.  KINA_STATUS_UNIMPLEMENTED without mpi4py.",
+                         "make `MPI_COMM_WORLD` the process group (`flags`: 0)"),
+        _distributed_row("kina_distributed_finalize", (),
+                         "End MPI in this process; every process calls it before exiting (the "
+                         "embedded interpreter runs no exit hooks, and MPICH's mpiexec ends the job "
+                         "when a process exits without it).  The process group is then one process.",
+                         "end MPI here (every process, before exiting); one process from then on"),
+        _distributed_row("kina_distributed_rank", ("int32_t *out_rank",),
+                         "This process's rank in the group in scope.", "this process's rank"),
+        _distributed_row("kina_distributed_size", ("int32_t *out_size",),
+                         "The number of processes in the group in scope.", "the world size"),
+        _distributed_row("kina_distributed_barrier", (),
+                         "Return when every process of the group in scope has called it.",
+                         "wait for every process"),
+        _distributed_row("kina_distributed_abort", ("int32_t code",),
+                         "End every process of the group in scope with exit status `code`, after "
+                         "writing a line to stderr; returns 0 only on a group of one process.",
+                         "end every process of the group (`MPI_Abort`)"),
+    ]
+
+
 #: Every export of libkina_fx.so, in the header's order.
-EXPORTS: tuple = tuple(_library_rows() + _memref_rows() + _effects_rows() + _tape_rows())
+EXPORTS: tuple = tuple(_library_rows() + _memref_rows() + _effects_rows() + _tape_rows()
+                       + _distributed_rows())
 BY_NAME = {row.name: row for row in EXPORTS}
 
 #: The exports whose C wrapper calls a Python callback (all but the two written in C).
@@ -432,6 +464,7 @@ def docs_blocks() -> dict:
         ("docs/abi.md", "runtime ops"): _runtime_ops_table(),
         ("docs/abi.md", "effects"): _functions_table("effects"),
         ("docs/autograd-abi.md", "tapes"): _functions_table("tapes", with_stability=False),
+        ("docs/distributed.md", "distributed"): _functions_table("distributed"),
     }
 
 

@@ -40,8 +40,11 @@ class Operands:
 
     CPU: zero-copy NumPy views (memoised, :class:`memref.ViewCache`).
     CUDA: zero-copy CuPy views of device/managed memory; host memory the device
-    cannot address is staged, and staged outputs are written back by
-    :meth:`finish`.
+    cannot address is staged (copied to the device), and staged outputs are
+    written back by :meth:`finish`.  :meth:`get` stages at once; an op's
+    callback takes :meth:`unstaged` views and stages them with
+    :meth:`validated`, after checking the call: a call refused by validation
+    copies nothing (docs/abi.md, "Check order").
 
     The views are the caller's memory itself, overlaps included: a handler
     of the op's effect (a tape) must see the buffers the caller passed, and
@@ -49,14 +52,19 @@ class Operands:
     (:mod:`kina_fx.runtime_ops`).
     """
 
-    __slots__ = ("xp", "_write_backs", "_staged")
+    __slots__ = ("xp", "_write_backs", "_staged", "_host")
 
     def __init__(self):
         self.xp = gpu_ops.backend()
         self._write_backs = []
         self._staged = []
+        self._host = {}         # id of an unstaged host view -> (view, is it an output)
 
     def get(self, ptr, dtype, name, output=False):
+        return self._stage(self.unstaged(ptr, dtype, name, output))
+
+    def unstaged(self, ptr, dtype, name, output=False):
+        """The operand's view; on CUDA, host memory as a NumPy view, not yet staged."""
         if self.xp is np:
             return _VIEWS[(dtype, output)].view(ptr, name)
         d = memref.read_descriptor(ptr, name)
@@ -64,11 +72,27 @@ class Operands:
             memref.check_output_layout(d, name)
         arr = memref.cupy_view(d, dtype, self.xp, name)
         if arr is None:
-            arr, write_back = memref.host_staged(d, dtype, self.xp, name)
-            self._staged.append(arr)
-            if output:
-                self._write_backs.append(write_back)
+            arr = memref.numpy_view(d, dtype, name)
+            self._host[id(arr)] = (arr, output)
         return arr
+
+    def validated(self, op, arrays, params):
+        """``arrays`` with host memory staged, once runtime op ``op``'s call is
+        checked (nothing to stage: the op's kernel or a tape checks it)."""
+        if not self._host:
+            return arrays
+        op.check_output(arrays[0], *arrays[1:], *params)
+        return [self._stage(a) for a in arrays]
+
+    def _stage(self, arr):
+        host = self._host.pop(id(arr), None)
+        if host is None:
+            return arr
+        dev, write_back = memref.stage(arr, self.xp)
+        self._staged.append(dev)
+        if host[1]:
+            self._write_backs.append(write_back)
+        return dev
 
     def finish(self):
         """Make the results visible to the host: synchronise, write staged outputs back."""
@@ -80,6 +104,7 @@ class Operands:
         """Forget the staged copies (after the call, whether it succeeded or not)."""
         memref.release_staged(self._staged)
         self._staged.clear()
+        self._host.clear()
 
 
 def _make_callback(op):
@@ -90,6 +115,21 @@ def _make_callback(op):
     device_index = op.params.index("device") if check_device else -1
     device = gpu_ops.device
 
+    def call(*args):
+        params = args[n:]
+        ops = Operands()
+        try:
+            # Check order (docs/abi.md): the memrefs, in parameter order, then
+            # the rest, then the call (shapes); only then staging copies.
+            arrays = [ops.unstaged(p, dt, name, out) for p, (dt, out, name) in zip(args, roles)]
+            if check_device:
+                check_device_ordinal(params[device_index])
+            perform(effect, *ops.validated(op, arrays, params), *params)
+            ops.finish()
+        finally:
+            ops.release()
+        return 0
+
     if n == 3 and not op.params:
         # The hottest shape (matmul, the binary ops): no varargs, cached views.
         (d0, _, n0), (d1, _, n1), (d2, _, n2) = roles
@@ -99,32 +139,15 @@ def _make_callback(op):
             if device() == "cpu":
                 perform(effect, out_view(out, n0), in1_view(a, n1), in2_view(b, n2))
                 return 0
-            ops = Operands()
-            try:
-                perform(effect, ops.get(out, d0, n0, True), ops.get(a, d1, n1), ops.get(b, d2, n2))
-                ops.finish()
-            finally:
-                ops.release()
-            return 0
+            return call(out, a, b)
     else:
-        def callback(*args):
-            params = args[n:]
-            ops = Operands()
-            try:
-                # Check order (docs/abi.md): the memrefs, in parameter order, then the rest.
-                arrays = [ops.get(p, dt, name, out) for p, (dt, out, name) in zip(args, roles)]
-                if check_device:
-                    check_device_ordinal(params[device_index])
-                perform(effect, *arrays, *params)
-                ops.finish()
-            finally:
-                ops.release()
-            return 0
+        callback = call
     callback.__name__ = callback.__qualname__ = op_callback(op)
     callback.__doc__ = f"The callback of {op.export}: {op.doc}."
     return callback
 
 
-#: Callback name -> function, for :func:`kina_fx.ffi.attach`.
-CALLBACKS = {op_callback(op): _make_callback(op) for op in RUNTIME_OPS}
+#: Callback name -> function, for :func:`kina_fx.ffi.attach` (floating-point
+#: conditions quiet: docs/abi.md).
+CALLBACKS = {op_callback(op): gpu_ops.quiet_fp(_make_callback(op)) for op in RUNTIME_OPS}
 

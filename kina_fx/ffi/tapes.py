@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ValidationError
+from ..gpu_ops import quiet_fp
 from .effects import HandleTable
 from .ops import Operands
 from ..autograd.memory import MemoryTape, dtype_of_code
@@ -31,7 +32,12 @@ def _require(pointer, name):
 
 
 def _tape(handle) -> MemoryTape:
-    return tape_handles.get(int(handle) & 0xFFFFFFFFFFFFFFFF)
+    handle = int(handle) & 0xFFFFFFFFFFFFFFFF
+    tape = tape_handles.get(handle)
+    if tape.stale:
+        raise ValidationError(f"tape handle {handle:#x} is stale: the fiber it recorded on ended "
+                              "before kina_tape_end (kina_tape_free releases the handle)")
+    return tape
 
 
 def _with_views(fn, *buffers):
@@ -126,10 +132,11 @@ kina_py_mlir_tape_grad_f32 = kina_py_tape_grad
 
 
 def kina_py_tape_free(handle):
-    tape = _tape(handle)
-    tape.free()
-    tape_handles.remove(int(handle) & 0xFFFFFFFFFFFFFFFF)
+    handle = int(handle) & 0xFFFFFFFFFFFFFFFF
+    tape_handles.get(handle).free()         # a stale tape is freed from any thread
+    tape_handles.remove(handle)
     return 0
 
 
-CALLBACKS = {name: fn for name, fn in globals().items() if name.startswith("kina_py_")}
+#: Callback name -> function, floating-point conditions quiet (docs/abi.md).
+CALLBACKS = {name: quiet_fp(fn) for name, fn in globals().items() if name.startswith("kina_py_")}

@@ -15,9 +15,10 @@ import types
 import numpy as np
 import pytest
 
-from support.abi import LAYOUTS, Abi, strided
+from support.abi import LAYOUTS, Abi, mismatched_huge_call, strided, untouchable_page
 from kina_fx import gpu_ops, memref
 from kina_fx.errors import Status
+from kina_fx.runtime_ops import RUNTIME_OPS
 
 
 class CUDARuntimeError(RuntimeError):
@@ -164,3 +165,16 @@ def test_a_tape_identifies_staged_host_buffers_by_their_host_memory(abi, fake):
     np.testing.assert_allclose(g, 1 - np.tanh(x) ** 2, rtol=1e-6)
     assert lib.kina_tape_free(tape[0]) == 0
     assert not memref._staged           # every staged copy was released
+
+
+@pytest.mark.parametrize("op", RUNTIME_OPS, ids=lambda op: op.name)
+def test_host_operands_are_staged_only_after_the_call_is_validated(abi, fake, op):
+    """Staging copies host memory to the device: a call refused by validation
+    copies nothing (docs/abi.md, "Check order").  The operands lie on a page
+    nobody may touch, with 2^40+ elements: a copy before validating would be
+    status 2 (or a crash), not 1."""
+    with untouchable_page() as address:
+        assert abi.call(op.export, *mismatched_huge_call(op, address)) == Status.VALIDATION, \
+            abi.last_error()
+    assert "shape" in abi.last_error()
+    assert not memref._staged

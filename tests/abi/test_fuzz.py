@@ -3,9 +3,10 @@
 Each target checks the documented contract on every input and aborts on the
 first broken promise; this test builds both with clang-19 and runs each for
 KINA_FUZZ_SECONDS (default 60) from an empty corpus.  A run must end without
-a crash and must have reached the paths that matter (successful calls of the
-memref exports with a reference, fibers that suspend and finish), or it
-checked too little.  Longer runs: the commands in docs/abi.md.
+a crash and must have reached the paths that matter (successful calls of
+every op of the runtime op table, each against its reference; the check-order
+rule, validation before any read, copy or allocation; fibers that suspend and
+finish; pushes that must be refused), or it checked too little.  Longer runs: the commands in docs/abi.md.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import pytest
 from support.abi import load_module
+
+from kina_fx.runtime_ops import RUNTIME_OPS
 
 ROOT = Path(__file__).resolve().parents[2]
 fuzz_build = load_module(ROOT / "fuzz" / "build.py", "fuzz_build")
@@ -67,12 +70,19 @@ def test_fuzz_memref_exports(targets, tmp_path):
         (full,) = [n for n in counts if n.endswith(name)]
         assert counts[full][0] > 100, f"{full} rarely succeeded: {counts[full]}"
         assert counts[full][5] == 0
+    # every op of the table has a shape rule (it succeeds, and its reference is checked)
+    for op in RUNTIME_OPS:
+        assert counts[op.export][0] > 0 and counts[op.export][5] == 0, f"{op.export}: {counts[op.export]}"
+    # the check-order rule was applied, with small and with 2^40-element operands
+    checked = dict(re.findall(r"^check-order (small|huge) (\d+)$", text, re.M))
+    assert int(checked["small"]) > 100 and int(checked["huge"]) > 100, checked
 
 
 def test_fuzz_effects(targets, tmp_path):
     text = run(targets["fuzz_effects"], tmp_path)
     reached = {m.group(1).strip(): int(m.group(2)) for m in re.finditer(r"^([a-z -]+?)\s+(\d+)$", text, re.M)}
-    for what in ("created", "suspended", "done", "cancelled", "stale-checked", "root performs"):
+    for what in ("created", "suspended", "done", "cancelled", "stale-checked", "root performs",
+                 "refused pushes"):
         assert reached.get(what, 0) > 100, f"the effects fuzzer rarely reached {what!r}: {reached}"
 
 

@@ -104,6 +104,21 @@ def test_unary(abi, name, layout):
     _check(out, UNARY_REFS[name](x.astype(np.float64)))
 
 
+@pytest.mark.parametrize("name", sorted(UNARY_REFS))
+def test_unary_on_stepped_buffers(abi, name):
+    """Every element step (1-8) of input and output, and reversed: NumPy 2.4's
+    negative reads a float32 input of step 4 into an output of step 4 as if it
+    were contiguous (out[i] = -x_base[i]); the runtime must not."""
+    rng = np.random.default_rng(3)
+    base = _f32(rng, (80,), positive=name == "log")
+    for step_in in (1, 2, 3, 4, 5, 8, -1, -4):
+        for step_out in (1, 2, 4, 8, -4):
+            x = base[::step_in][:7]
+            out = np.zeros(80, np.float32)[::step_out][:7]
+            assert abi.call(BY_NAME[name].export, out, x) == OK, abi.last_error()
+            _check(out, UNARY_REFS[name](x.astype(np.float64)))
+
+
 def test_unary_in_place_and_rank0(abi):
     x = np.array(2.0, np.float32)
     assert abi.call(BY_NAME["exp"].export, x, x) == OK

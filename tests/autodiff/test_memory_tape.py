@@ -13,41 +13,15 @@ import numpy as np
 import pytest
 
 from support.abi import Abi, runtime_op_sample
+from support.tapes import F16, F32, I64, LENIENT, OK, STRICT, TYPE, VALIDATION, Tape
 from kina_fx import autograd as ad
 from kina_fx.errors import Status
 from kina_fx.runtime_ops import ALL_AXES, BY_NAME, RUNTIME_OPS
-
-OK, VALIDATION, TYPE = Status.SUCCESS, Status.VALIDATION, Status.TYPE
-F32, F16, I64 = 1, 2, 3       # KINA_DTYPE_*
-STRICT, LENIENT = 0, 1
 
 
 @pytest.fixture(autouse=True)
 def cpu(monkeypatch):
     monkeypatch.setenv("KINA_FX_DEVICE", "cpu")
-
-
-class Tape:
-    """A thin driver of one tape through the C functions."""
-
-    def __init__(self, abi, flags=STRICT):
-        self.abi = abi
-        handle = abi.ffi.new("kina_tape_t *")
-        assert abi.lib.kina_tape_begin(flags, handle) == OK, abi.last_error()
-        self.handle = handle[0]
-
-    def call(self, name, *args):
-        return self.abi.call(name, self.handle, *args)
-
-    def op(self, op, *args):
-        status = self.abi.call(BY_NAME[op].export, *args)
-        assert status == OK, self.abi.last_error()
-
-    def end(self):
-        assert self.abi.lib.kina_tape_end(self.handle) == OK, self.abi.last_error()
-
-    def free(self):
-        assert self.abi.lib.kina_tape_free(self.handle) == OK, self.abi.last_error()
 
 
 @pytest.fixture(scope="module")

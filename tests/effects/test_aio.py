@@ -226,3 +226,209 @@ def test_run_is_awaited_once_and_checks_its_arguments():
         with pytest.raises(RuntimeError):
             await r
     run(main())
+
+
+# --- handler order and clause scope (issue 16) -------------------------------------
+# run()'s handlers nest as Handler.run calls do, outermost first: whatever the
+# handled code and the clauses perform must reach the same handlers as in the
+# synchronous program with the same nesting.
+
+def run_sync_and_async(body, make_handlers):
+    """``body`` under ``make_handlers(asynchronous)`` (outermost first): once nested
+    with Handler.run, once through aio.run; returns both outcomes."""
+    def nested(handlers):
+        fn = body
+        for h in reversed(handlers):
+            fn = (lambda inner, h: lambda: h.run(inner))(fn, h)
+        return fn()
+
+    outcomes = []
+    for asynchronous in (False, True):
+        try:
+            if asynchronous:
+                value = run(aio.run(body, handlers=make_handlers(True)))
+            else:
+                value = nested(make_handlers(False))
+            outcomes.append(("returned", value))
+        except Exception as e:
+            outcomes.append(("raised", type(e).__name__, str(e)))
+    return outcomes
+
+
+def test_handlers_listed_before_an_async_on_handler_stay_installed_after_resume():
+    # The issue's reproduction: Log was Unhandled after `await k.resume(42)`.
+    logged = []
+
+    def body():
+        x = perform(Ask)
+        perform(Log, "resumed")
+        return x
+
+    async def ask(k):
+        return await k.resume(42)
+
+    assert run(aio.run(body, handlers=[Handler(fun={Log: logged.append}),
+                                       aio.handler(on={Ask: ask})])) == 42
+    assert logged == ["resumed"]
+
+
+def clause_kinds(logged):
+    """For each kind of clause: a sync and an async version that performs Log."""
+    async def async_on(k):
+        perform(Log, "on clause")
+        await asyncio.sleep(0)
+        return await k.resume(1)
+
+    def sync_on(k):
+        perform(Log, "on clause")
+        return k.resume(1)
+
+    async def async_fun():
+        perform(Log, "fun clause")
+        await asyncio.sleep(0)
+        return 1
+
+    def sync_fun():
+        perform(Log, "fun clause")
+        return 1
+
+    async def async_ret(v):
+        perform(Log, "ret clause")
+        await asyncio.sleep(0)
+        return v * 10
+
+    def sync_ret(v):
+        perform(Log, "ret clause")
+        return v * 10
+
+    async def async_exc(e):
+        perform(Log, "exc clause")
+        await asyncio.sleep(0)
+        return "handled " + type(e).__name__
+
+    def sync_exc(e):
+        perform(Log, "exc clause")
+        return "handled " + type(e).__name__
+
+    return {"on": (dict(on={Ask: sync_on}), dict(on={Ask: async_on})),
+            "fun": (dict(fun={Ask: sync_fun}), dict(fun={Ask: async_fun})),
+            "ret": (dict(on={Ask: sync_on}, ret=sync_ret), dict(on={Ask: async_on}, ret=async_ret)),
+            "exc": (dict(fun={Ask: sync_fun}, exc=sync_exc), dict(fun={Ask: async_fun}, exc=async_exc))}
+
+
+@pytest.mark.parametrize("kind", ["on", "fun", "ret", "exc"])
+@pytest.mark.parametrize("raises", [False, True])
+def test_async_clauses_perform_to_the_handlers_outside_their_own(kind, raises):
+    logged = []
+
+    def body():
+        x = perform(Ask)
+        perform(Log, "body")
+        if raises:
+            raise KeyError(x)
+        return x
+
+    def make(asynchronous):
+        clauses = clause_kinds(logged)[kind][asynchronous]
+        return [Handler(fun={Log: logged.append}), aio.handler(**clauses)]
+
+    outcomes = run_sync_and_async(body, make)
+    assert outcomes[1] == outcomes[0]
+    half = len(logged) // 2
+    assert logged[:half] == logged[half:] and len(logged) >= 2
+
+
+@pytest.mark.parametrize("how", ["returns", "raises"])
+def test_async_on_clause_that_drops_k_aborts_the_body_before_the_caller_sees_it(how):
+    events = []
+
+    async def drop(k):
+        await asyncio.sleep(0)
+        if how == "raises":
+            raise KeyError("clause")
+        return "early"
+
+    def body():
+        try:
+            perform(Ask)
+        finally:
+            events.append("body finally")
+
+    async def main():
+        try:
+            value = await aio.run(body, handlers=[aio.handler(on={Ask: drop})])
+        except KeyError:
+            value = "KeyError"
+        events.append(("caller sees", value))
+    run(main())
+    assert events == ["body finally", ("caller sees", "early" if how == "returns" else "KeyError")]
+
+
+def test_resumed_code_awaits_on_the_loop_under_every_handler():
+    # After `await k.resume(v)` the handled code still reaches the loop (its own
+    # awaits, async fun clauses) and the outer handlers, at any depth of resumes
+    # (each resume nested a new fiber and driver before: RecursionError at 1,000).
+    logged = []
+
+    async def ask(k, i):
+        return await k.resume(i)
+
+    def body(n):
+        total = 0
+        for i in range(n):
+            total += perform(Ask, i)
+            total += perform(Fetch, str(i)).count("<")
+            perform(Log, i)
+        return total
+
+    n = 2000
+    h = [Handler(fun={Log: logged.append}), aio.handler(on={Ask: ask}, fun={Fetch: fetch})]
+    assert run(aio.run(body, n, handlers=h)) == sum(range(n)) + n
+    assert logged == list(range(n))
+
+
+def test_resume_awaited_by_another_task_runs_under_that_tasks_handlers():
+    # A continuation resumed from a separate task (asyncio.create_task,
+    # gather, wait_for) runs there: its performs reach that task's handlers.
+    logged = []
+
+    async def ask(k):
+        return await asyncio.wait_for(k.resume(5), 10)
+
+    def body():
+        x = perform(Ask)
+        perform(Log, "after")
+        return aio.await_only(asyncio.sleep(0, result=x))
+
+    h = [Handler(fun={Log: logged.append}), aio.handler(on={Ask: ask})]
+    with pytest.raises(Unhandled):
+        run(aio.run(body, handlers=h))
+    with Handler(fun={Log: lambda m: logged.append(("task", m))}):
+        assert run(aio.run(body, handlers=h)) == 5
+    assert logged == [("task", "after")]
+
+
+def test_await_only_runs_the_awaitable_where_it_is_awaited():
+    # A coroutine awaited from sync code (await_only) performs to the handlers
+    # of that code, and a continuation resumed that way keeps them too.
+    logged = []
+
+    async def noted(x):
+        perform(Log, ("noted", x))
+        await asyncio.sleep(0)
+        return x
+
+    async def ask(k):
+        return helper(k)
+
+    def helper(k):                       # sync code called by the async clause
+        return aio.await_only(k.resume(aio.await_only(noted(7))))
+
+    def body():
+        x = perform(Ask)
+        perform(Log, ("after", x))
+        return aio.await_only(noted(x + 1))
+
+    h = [Handler(fun={Log: logged.append}), aio.handler(on={Ask: ask})]
+    assert run(aio.run(body, handlers=h)) == 8
+    assert logged == [("noted", 7), ("after", 7), ("noted", 8)]

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from kina_fx import ContinuationAlreadyResumed, Effect, Handler, Unhandled, perform
+from kina_fx import FORWARD, ContinuationAlreadyResumed, Effect, Handler, Unhandled, perform
 from kina_fx.multishot import MultiContinuation, MultiHandler, ReplayDiverged
 
 Choose = Effect("test.ms.choose")
@@ -352,3 +352,165 @@ def test_tail_resumes_of_the_first_shot_run_in_constant_stack():
         return sum(choose([i]) for i in range(20_000))
     h = MultiHandler(on={Choose: lambda k, xs: k.resume(xs[0])})
     assert h.run(body) == sum(range(20_000))
+
+
+# --- abort cleanup and exceptions, as with a one-shot Handler (issue 16) ----------
+# A MultiHandler whose clauses use each continuation at most once must behave
+# exactly as a Handler with the same clauses: these run both and compare.
+
+class Stop(Exception):
+    pass
+
+
+def both_kinds(on=None, fun=None, ret=None, exc=None):
+    return [Handler(on=on, fun=fun, ret=ret, exc=exc), MultiHandler(on=on, fun=fun, ret=ret, exc=exc)]
+
+
+def test_clause_raising_without_resuming_aborts_the_body_before_the_exception_arrives():
+    events = []
+
+    def body():
+        try:
+            choose([1])
+        finally:
+            events.append("body finally")
+
+    def clause(k, xs):
+        raise Stop("stop")
+
+    outcomes = []
+    for h in both_kinds(on={Choose: clause}):
+        events.clear()
+        try:
+            h.run(body)
+        except Stop:
+            events.append("caller sees Stop")
+        outcomes.append(list(events))
+    assert outcomes[1] == outcomes[0] == ["body finally", "caller sees Stop"]
+
+
+def test_clause_raising_with_k_passed_to_a_helper_still_aborts_at_once():
+    # The continuation (and its bound resume) referenced only by the frames of
+    # the traceback is not "kept"; a continuation the exception carries is.
+    events = []
+
+    def body():
+        try:
+            choose([1])
+        finally:
+            events.append("finally")
+
+    def helper(resume):
+        raise Stop()
+
+    class Carry(Exception):
+        pass
+
+    def carry(k, xs):
+        raise Carry(k)
+
+    for h in both_kinds(on={Choose: lambda k, xs: helper(k.resume)}):
+        events.clear()
+        try:
+            h.run(body)
+        except Stop:
+            events.append("caller sees Stop")
+        assert events == ["finally", "caller sees Stop"], h
+
+    for h in both_kinds(on={Choose: carry}):
+        events.clear()
+        try:
+            h.run(body)
+        except Carry as e:
+            events.append("caller sees Carry")
+            assert e.args[0].resume(5) is None
+        assert events == ["caller sees Carry", "finally"], h
+
+
+def raiser(exc_type):
+    def clause(*args):
+        raise exc_type()
+    return clause
+
+
+@pytest.mark.parametrize("answer", ["outer discontinue", "outer fun raises", "own fun raises"])
+@pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit, "CancelledError"])
+def test_base_exception_answered_to_a_forwarded_effect_reaches_the_body_as_itself(answer, exc_type):
+    if exc_type == "CancelledError":
+        import asyncio
+        exc_type = asyncio.CancelledError
+    seen = []
+
+    def body():
+        try:
+            perform(Get)
+        except BaseException as e:
+            seen.append(type(e))
+            raise
+
+    for cls in (Handler, MultiHandler):
+        seen.clear()
+        if answer == "own fun raises":
+            inner, outer = cls(on={Choose: all_solutions}, fun={Get: raiser(exc_type)}), Handler()
+        else:
+            inner = cls(on={Choose: all_solutions})
+            outer = (Handler(on={Get: lambda k: k.discontinue(exc_type)}) if answer == "outer discontinue"
+                     else Handler(fun={Get: raiser(exc_type)}))
+        with pytest.raises(exc_type):
+            outer.run(inner.run, body)
+        assert seen == [exc_type], cls
+
+
+def test_abort_is_recorded_so_a_shot_captured_in_its_cleanup_replays_it():
+    # Clause for Get drops k: the body is aborted (Unwind at the perform).  The
+    # body catches it and chooses; the second shot replays the run, which must
+    # meet the same Unwind at the same perform (not ReplayDiverged, which the
+    # body's `except BaseException` would swallow).
+    seen = []
+
+    def body():
+        try:
+            perform(Get)
+        except BaseException as e:
+            seen.append(type(e).__name__)
+        x = choose([1, 2])
+        seen.append(x)
+        return x
+
+    h = MultiHandler(on={Get: lambda k: "dropped", Choose: lambda k, xs: [k.resume(x) for x in xs]})
+    assert h.run(body) == "dropped"
+    assert seen == ["Unwind", 1, "Unwind", 2]
+
+
+def test_abort_cleanup_choice_resumed_twice_runs_the_cleanup_per_shot():
+    events = []
+
+    def body():
+        try:
+            perform(Get)
+        finally:
+            events.append(("cleanup", choose("ab")))
+
+    def every_shot(k, xs):
+        out = []
+        for x in xs:
+            try:
+                out.append(k.resume(x))
+            except BaseException as e:          # the abort's Unwind, after each cleanup
+                out.append(type(e).__name__)
+        return out
+
+    h = MultiHandler(on={Get: lambda k: "dropped", Choose: every_shot})
+    assert h.run(body) == "dropped"
+    assert events == [("cleanup", "a"), ("cleanup", "b")]
+
+
+def test_fun_clause_that_declines_forwards_the_effect_outward():
+    # Found by the differential tests: the MultiHandler resumed the body with
+    # FORWARD itself instead of passing the effect on.
+    clauses = dict(on={Choose: all_solutions}, fun={Get: lambda: FORWARD}, ret=lambda v: [v])
+    outer = Handler(fun={Get: lambda: 42})
+    body = lambda: perform(Get) + choose([0, 1])        # noqa: E731
+    assert outer.run(MultiHandler(**clauses).run, body) == [42, 43]
+    with pytest.raises(Unhandled):
+        MultiHandler(**clauses).run(body)

@@ -1,6 +1,10 @@
 """Shared helpers for the tests that call libkina_fx.so's real exports in-process."""
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import mmap
+
 import numpy as np
 
 from kina_fx import ffi as kffi
@@ -123,7 +127,93 @@ def runtime_op_sample(op, rng):
         return [x, np.array([0, 3, 1], np.int64)], []
     if name == "repeat_interleave":
         return [x], [1, 2]
+    if name == "all_reduce":
+        return [x], [int(rng.integers(0, 4))]
+    if name == "broadcast":
+        return [x], [0]
     if name.startswith("copy_to_device"):
         dtype = np.float16 if name.endswith("f16") else np.float32
         return [x.astype(dtype)], [0]
     return [x], []
+
+
+# ---- operands nobody may touch (check order: validation before any read or copy) ----
+
+@contextlib.contextmanager
+def untouchable_page():
+    """The address of a fresh PROT_NONE page: any access to it crashes the process."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    prot_none = 0
+    address = libc.mmap(None, mmap.PAGESIZE, prot_none, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    if address in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "mmap(PROT_NONE) failed")
+    try:
+        yield address
+    finally:
+        libc.munmap(address, mmap.PAGESIZE)
+
+
+def memref_at(address, shape):
+    """A row-major memref of ``shape`` whose data starts at ``address`` (no storage behind it)."""
+    strides, stride = [], 1
+    for n in reversed(shape):
+        strides.insert(0, stride)
+        stride *= max(n, 1)
+    return memref.UnrankedMemref(None, len(shape), [address, address, 0, *shape, *strides])
+
+
+class _ShapeOnly:
+    """Just enough of an array for an op's shape check."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype, self.ndim = tuple(shape), np.dtype(dtype), len(shape)
+        self.size = int(np.prod(shape, dtype=object))
+
+
+def _huge_operands(op):
+    """Float input shapes of 2^40+ elements, real integer inputs and int32
+    parameters of a valid call of runtime op ``op``."""
+    h = 1 << 40
+    name = op.name
+    if name == "matmul":
+        return [(1 << 20, 1 << 20), (1 << 20, 1 << 20)], {}, []
+    if name == "gather":
+        return [(h, 1)], {1: np.array([0, 1], np.int64)}, []
+    if name == "cross_entropy":
+        return [(2, h)], {1: np.array([0, 1], np.int64)}, []
+    if name == "transpose":
+        return [(h,)], {1: np.array([0], np.int64)}, []
+    if name in ("sum", "mean", "max"):
+        return [(h,)], {}, [0, 0]
+    if name in ("softmax", "log_softmax"):
+        return [(h,)], {}, [0]
+    if name == "repeat_interleave":
+        return [(h,)], {}, [0, 1]
+    if name.startswith("copy_to_device"):
+        return [(h,)], {}, [0]
+    return [(h,)] * len(op.inputs), {}, []
+
+
+def mismatched_huge_call(op, address):
+    """The arguments of a call of runtime op ``op`` whose float operands all lie
+    at ``address`` with 2^40+ elements each, valid but for the output's shape
+    (one more row, or rank 1 for a rank-0 output): the only right answer is
+    status 1, with nothing read, copied or allocated."""
+    float_shapes, ints, params = _huge_operands(op)
+    shapes = iter(float_shapes)
+    args, probes = [], []
+    for i, operand in enumerate(op.inputs):
+        if i in ints:
+            args.append(ints[i])
+            probes.append(ints[i])
+        else:
+            shape = next(shapes)
+            args.append(memref_at(address, shape))
+            probes.append(_ShapeOnly(shape, operand.dtype))
+    shape = op.check(*probes, *params)
+    out_shape = (shape[0] + 1,) + tuple(shape[1:]) if shape else (1,)
+    return [memref_at(address, out_shape), *args, *params]

@@ -32,6 +32,8 @@
     X(PYTHON, _mlir_ciface_runtime_transpose_f32, kina_py_runtime_transpose_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, kina_unranked_memref_t *perm), (out, x, perm)) \
     X(PYTHON, _mlir_ciface_runtime_log_softmax_f32, kina_py_runtime_log_softmax_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis), (out, x, axis)) \
     X(PYTHON, _mlir_ciface_runtime_cross_entropy_f32, kina_py_runtime_cross_entropy_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *logits, kina_unranked_memref_t *labels), (out, logits, labels)) \
+    X(PYTHON, _mlir_ciface_runtime_all_reduce_f32, kina_py_runtime_all_reduce_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t op), (out, x, op)) \
+    X(PYTHON, _mlir_ciface_runtime_broadcast_f32, kina_py_runtime_broadcast_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t root), (out, x, root)) \
     X(PYTHON, _mlir_ciface_runtime_gpu_alloc_unranked, kina_py_gpu_alloc_unranked, (kina_unranked_memref_t *memref, int32_t element_size), (memref, element_size)) \
     X(PYTHON, runtime_gpu_free_all, kina_py_gpu_free_all, (void), ()) \
     X(PYTHON, kina_effect_id, kina_py_effect_id, (const char *name, int32_t *out_id), (name, out_id)) \
@@ -58,4 +60,10 @@
     X(PYTHON, _mlir_ciface_kina_tape_constant_f32, kina_py_mlir_tape_constant_f32, (int64_t tape, kina_unranked_memref_t *buffer), (tape, buffer)) \
     X(PYTHON, _mlir_ciface_kina_tape_constant_i64, kina_py_mlir_tape_constant_i64, (int64_t tape, kina_unranked_memref_t *buffer), (tape, buffer)) \
     X(PYTHON, _mlir_ciface_kina_tape_backward_f32, kina_py_mlir_tape_backward_f32, (int64_t tape, kina_unranked_memref_t *output, kina_unranked_memref_t *cotangent), (tape, output, cotangent)) \
-    X(PYTHON, _mlir_ciface_kina_tape_grad_f32, kina_py_mlir_tape_grad_f32, (int64_t tape, kina_unranked_memref_t *watched, kina_unranked_memref_t *out_grad), (tape, watched, out_grad))
+    X(PYTHON, _mlir_ciface_kina_tape_grad_f32, kina_py_mlir_tape_grad_f32, (int64_t tape, kina_unranked_memref_t *watched, kina_unranked_memref_t *out_grad), (tape, watched, out_grad)) \
+    X(PYTHON, kina_distributed_init, kina_py_distributed_init, (int32_t flags), (flags)) \
+    X(PYTHON, kina_distributed_finalize, kina_py_distributed_finalize, (void), ()) \
+    X(PYTHON, kina_distributed_rank, kina_py_distributed_rank, (int32_t *out_rank), (out_rank)) \
+    X(PYTHON, kina_distributed_size, kina_py_distributed_size, (int32_t *out_size), (out_size)) \
+    X(PYTHON, kina_distributed_barrier, kina_py_distributed_barrier, (void), ()) \
+    X(PYTHON, kina_distributed_abort, kina_py_distributed_abort, (int32_t code), (code))

@@ -1,0 +1,44 @@
+"""docs/distributed.md's ```python blocks run as written, in order: on one process,
+and on two (``KINA_FX_DISTRIBUTED=mpi mpiexec -n 2``, the process group made
+from the environment), where every process must reach the end."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import have_mpi4py, mpiexec_path
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "distributed.md"
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory):
+    blocks = re.findall(r"^```python\n(.*?)^```", PAGE.read_text(), re.M | re.S)
+    assert len(blocks) >= 4
+    path = tmp_path_factory.mktemp("docs") / "distributed_page.py"
+    path.write_text("\n".join(blocks) + "\nprint('page ran on rank', dist.rank(), 'of', dist.world_size())\n")
+    return path
+
+
+def test_the_page_runs_on_one_process(script):
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "page ran on rank 0 of 1" in result.stdout
+
+
+@pytest.mark.integration
+def test_the_page_runs_on_two_processes(script):
+    mpiexec = mpiexec_path()
+    if mpiexec is None or not have_mpi4py():
+        pytest.skip("needs mpi4py and mpiexec: pip install 'kina_fx[mpi]'")
+    env = dict(os.environ, KINA_FX_DISTRIBUTED="mpi", KINA_FX_DIST_TIMEOUT="60")
+    result = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script)], capture_output=True,
+                            text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for r in range(2):
+        assert f"page ran on rank {r} of 2" in result.stdout, result.stdout + result.stderr

@@ -1,0 +1,101 @@
+"""Bugs found at the seams between effect features (issue 16), by hand or by the
+differential tests (test_differential.py), each pinned by a test that failed
+before its fix.  The aio and MultiHandler ones are in test_aio.py and
+test_multishot.py."""
+import subprocess
+import sys
+import textwrap
+
+from kina_fx import Effect, Handler, Unhandled, perform
+
+A = Effect("test.seams.a")
+C = Effect("test.seams.c")
+
+
+class Env:
+    """A clause's context, holding its continuation (as the differential tests' interpreter does)."""
+
+    __slots__ = ("k",)
+
+    def __init__(self, k):
+        self.k = k
+
+
+def test_clause_raising_with_k_deep_in_its_frames_still_aborts_at_once():
+    # k held by an object held by the cell of a list comprehension's closure:
+    # four objects between the traceback's frames and k, all dying with it.
+    # Found by the differential tests: the abort came late (at collection,
+    # detached: the cleanup's performs were Unhandled and the log lost).
+    events = []
+
+    def run_steps(steps, env):
+        return [step(env) for _ in steps]
+
+    def step(env):
+        return perform(A)                # nothing handles A: Unhandled, raised in the clause
+
+    def body():
+        try:
+            perform(C)
+        finally:
+            events.append("finally")
+
+    h = Handler(on={C: lambda k: run_steps([1], Env(k))})
+    try:
+        h.run(body)
+    except Unhandled:
+        events.append("caller sees Unhandled")
+    assert events == ["finally", "caller sees Unhandled"]
+
+
+def test_cleanup_error_of_a_dropped_continuation_is_reported_by_the_default_hook():
+    # The report went to sys.unraisablehook as an object the default hook
+    # refuses: it printed "TypeError: sys.unraisablehook argument type must be
+    # UnraisableHookArgs" instead of the cleanup's own error.  (pytest replaces
+    # the hook, hence a fresh interpreter.)
+    code = textwrap.dedent("""
+        import gc
+        from kina_fx import Effect, Handler, perform
+        E = Effect("e")
+        kept = []
+        def body():
+            try:
+                perform(E)
+            finally:
+                raise KeyError("cleanup")
+        Handler(on={E: kept.append}).run(body)
+        kept.clear()
+        gc.collect()
+        print("done")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "done\n", proc.stderr
+    assert "Exception ignored while unwinding a dropped continuation" in proc.stderr, proc.stderr
+    assert "KeyError: 'cleanup'" in proc.stderr and "TypeError" not in proc.stderr, proc.stderr
+
+
+def test_clause_returning_after_an_inner_abort_still_aborts_its_own_body():
+    # The inner handler's abort left a reference cycle (its Unwind's traceback
+    # through frames holding it) that kept the outer clause's frame, and so k,
+    # alive: the outer body was not aborted when the clause returned (its
+    # cleanup ran later, detached).  Found by the differential tests.
+    B = Effect("test.seams.b")
+    events = []
+
+    def inner_body():
+        perform(A)
+        perform(B)
+
+    def outer_clause(k):
+        held = Env(k)                    # noqa: F841 (k referenced from this frame)
+        inner = Handler(on={A: lambda k2: k2.resume(0), B: lambda k2: "inner early exit"})
+        return inner.run(inner_body)
+
+    def body():
+        try:
+            perform(C)
+        finally:
+            events.append("finally")
+
+    events.append(Handler(on={C: outer_clause}).run(body))
+    assert events == ["finally", "inner early exit"]
