@@ -674,67 +674,42 @@ rt_drive(PyObject *chain, PyObject *send)
     }
 }
 
-/* ---- which frames a driver loop was called from ------------------------------- *
+/* ---- which frame a driver loop was called from -------------------------------- *
  *
  * The tail check (tail.c) stops at the driver loop's frame.  The C loop has
  * none, so the frame it was called from stands for it while it runs: it is
  * the f_back of every clause the loop calls, as the Python loop's frame is.
- * driver_frames counts, for each such frame, the C loops called from it that
- * are running (a frame runs one call at a time; only C code between the
- * two, a C clause resuming, can start a second loop from the same frame).
- * Keys are the frames themselves (kept alive while counted): an address
- * reused by a later frame can never look like a driver's. */
-static PyObject *driver_frames;      /* {frame: count}                           */
+ * A walk up from a resume meets the innermost running loop's frame before
+ * any outer one's (each is an ancestor of the next), and every frame of the
+ * walk belongs to the running fiber, whose stack is last in, first out: so
+ * the fiber keeps just that innermost frame (KFiber.driver_frame), and a loop
+ * restores the one it found when it ends.  The frame is borrowed: its own
+ * execution, stopped in the call of the loop, keeps it alive meanwhile, and
+ * it is only ever compared. */
 
 int
 kfx_drives_from(PyObject *frame)
 {
-    return driver_frames != NULL && PyDict_GET_SIZE(driver_frames) > 0
-           && PyDict_GetItemWithError(driver_frames, frame) != NULL;
+    return kfx_current != NULL && frame != NULL && kfx_current->driver_frame == frame;
 }
 
-/* Add ``delta`` to the count of ``frame``; 0 / -1. */
-static int
-count_driver_frame(PyObject *frame, long delta)
-{
-    if (driver_frames == NULL && (driver_frames = PyDict_New()) == NULL)
-        return -1;
-    PyObject *count = PyDict_GetItemWithError(driver_frames, frame);
-    long n = (count == NULL ? 0 : PyLong_AsLong(count)) + delta;
-    if (PyErr_Occurred())
-        return -1;
-    if (n <= 0)
-        return count == NULL ? 0 : PyDict_DelItem(driver_frames, frame);
-    PyObject *value = PyLong_FromLong(n);
-    int r = value == NULL ? -1 : PyDict_SetItem(driver_frames, frame, value);
-    Py_XDECREF(value);
-    return r;
-}
-
-/* rt_drive, with the frame of its caller counted as a driver's while it runs
- * (no Python caller: nothing to count; its clauses' resumes then nest). */
+/* rt_drive, with the frame of its caller as this fiber's driver frame while
+ * it runs (no Python caller: no frame; its clauses' resumes then nest). */
 static PyObject *
 drive_from_here(PyObject *chain, PyObject *send)
 {
-    PyObject *frame = (PyObject *)PyEval_GetFrame();     /* borrowed */
-    if (frame != NULL) {
-        Py_INCREF(frame);
-        if (count_driver_frame(frame, 1) < 0) {
-            Py_DECREF(frame);
-            return NULL;
-        }
-    }
+    KFiber *fiber = kfx_current;
+    PyObject *frame = (PyObject *)PyEval_GetFrame();      /* borrowed */
+    if (frame == NULL && PyErr_Occurred())
+        return NULL;
+    if (fiber == NULL)
+        return rt_drive(chain, send);
+    Py_INCREF(fiber);
+    PyObject *outer = fiber->driver_frame;
+    fiber->driver_frame = frame;
     PyObject *r = rt_drive(chain, send);
-    if (frame != NULL) {
-        PyObject *exc = r == NULL ? exc_save() : NULL;
-        if (count_driver_frame(frame, -1) < 0) {
-            Py_CLEAR(r);
-            Py_XDECREF(exc);
-        }
-        else if (exc != NULL)
-            exc_restore(exc);
-        Py_DECREF(frame);
-    }
+    fiber->driver_frame = outer;
+    Py_DECREF(fiber);
     return r;
 }
 

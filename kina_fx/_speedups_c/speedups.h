@@ -54,6 +54,9 @@ typedef struct {
     PyObject *stack, *handler, *shallow, *parent, *thread, *job, *glet, *unwinder;
     PyObject *weakreflist;
     int performs;                       /* kina_performs nested on this fiber's stack */
+    /* The frame the innermost C driver loop running on this fiber was called
+     * from (round_trip.c), or NULL: borrowed, only ever compared. */
+    PyObject *driver_frame;
 } KFiber;
 
 typedef struct {
