@@ -46,7 +46,7 @@ __all__ = ["Effect", "perform", "Handler", "Continuation", "fiber", "Stepper", "
 # The compiled implementation (kina_fx/_speedups_c/), or None for the
 # pure-Python reference: fibers.py chooses, once.  Where it is not None this
 # module uses its perform, switch_into, driver loop and tail check, and
-# Continuation inherits its resume and finalizer; docs/effects.md ("The
+# Continuation gets its resume and finalizer; docs/effects.md ("The
 # compiled fast path") lists what it hands back to the Python functions here.
 _speedups = fibers.speedups
 
@@ -462,9 +462,10 @@ def _suspend_perform(effect, args, found):
 class _ContinuationReference:
     """The reference versions of the methods of :class:`Continuation` that the
     C core compiles, ``resume`` and ``__del__``.  Continuation lists this class
-    after its data type: with kina_fx._speedups in use, ContinuationData's own
-    ``resume`` and finalizer (kina_fx/_speedups_c/round_trip.c) come first in
-    its MRO; with the pure-Python reference, these are the ones."""
+    after its data type: with kina_fx._speedups in use, the compiled ``resume``
+    (which ContinuationData gives each class deriving from it) and finalizer
+    (kina_fx/_speedups_c/round_trip.c) come first in its MRO; with the
+    pure-Python reference, these are the ones."""
 
     __slots__ = ()
 

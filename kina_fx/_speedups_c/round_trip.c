@@ -4,8 +4,8 @@
  * _switch (rt_suspend), fibers.switch_into (rt_switch_into), the loop of
  * handlers._drive_py (rt_drive, whose eager abort calls the Python
  * handlers._abort_unless_kept), Continuation.resume with handlers._resume_from
- * (rt_resume, ContinuationData's own ``resume``) and Continuation.__del__
- * (ContinuationData's finalizer).  The details are below.
+ * (rt_resume, the ``resume`` ContinuationData gives its subclasses) and
+ * Continuation.__del__ (ContinuationData's finalizer).  The details are below.
  */
 #include "speedups.h"
 
@@ -25,11 +25,11 @@
  *                   ``on`` branch).
  *   rt_switch_into  fibers.switch_into + fibers._switch (the resumer side;
  *                   the driver loop and Stepper._step call it).
- *   rt_resume       Continuation.resume (ContinuationData's method, which
- *                   the Python class inherits before the reference,
- *                   handlers._ContinuationReference.resume): the
- *                   one-shot/shallow/thread checks, then handlers._resume_from
- *                   with the tail check.
+ *   rt_resume       Continuation.resume (the method ContinuationData gives
+ *                   each class deriving from it, which comes before the
+ *                   reference, handlers._ContinuationReference.resume, in
+ *                   Continuation's MRO): the one-shot/shallow/thread checks,
+ *                   then handlers._resume_from with the tail check.
  *   rt_drive        the loop of handlers._drive_py.
  *
  * The cases each hands to its Python reference are the rows of the table
@@ -504,11 +504,47 @@ py:;
     return PyObject_Vectorcall(g_resume_py, stack, nargs + 1, kwnames);
 }
 
+static PyMethodDef resume_def = {
+    "resume", (PyCFunction)(void (*)(void))rt_resume, METH_FASTCALL | METH_KEYWORDS,
+    "resume($self, value=None, /)\n--\n\n"
+    "OCaml ``continue k value``: returns what the handler returns.  (Compiled;\n"
+    "kina_fx.handlers._ContinuationReference.resume is the reference.)"};
+
+/* ContinuationData.__init_subclass__: each class deriving from it gets the
+ * compiled resume as its own method.  Why its own: CPython (3.11+) calls a C
+ * method by its specialized path only when the receiver's class is exactly
+ * the method's; inherited from ContinuationData, every k.resume(x) would take
+ * the generic path (~170 instructions more a round trip).  A class that
+ * defines its own resume keeps it.  Then the next __init_subclass__ of the
+ * MRO (typing.Generic's, object's) runs, as for any class. */
+static PyObject *
+continuation_init_subclass(PyObject *cls, PyObject *args, PyObject *kwargs)
+{
+    PyObject *name = PyUnicode_InternFromString(resume_def.ml_name);
+    if (name == NULL)
+        return NULL;
+    int own = PyDict_Contains(((PyTypeObject *)cls)->tp_dict, name);
+    if (own == 0) {
+        PyObject *descr = PyDescr_NewMethod((PyTypeObject *)cls, &resume_def);
+        own = descr == NULL ? -1 : PyObject_SetAttr(cls, name, descr);
+        Py_XDECREF(descr);
+    }
+    Py_DECREF(name);
+    if (own < 0)
+        return NULL;
+    PyObject *next = PyObject_CallFunctionObjArgs((PyObject *)&PySuper_Type,
+                                                  (PyObject *)&KContinuation_Type, cls, NULL);
+    PyObject *init = next == NULL ? NULL : PyObject_GetAttrString(next, "__init_subclass__");
+    Py_XDECREF(next);
+    PyObject *r = init == NULL ? NULL : PyObject_Call(init, args, kwargs);
+    Py_XDECREF(init);
+    return r;
+}
+
 PyMethodDef kfx_continuation_methods[] = {
-    {"resume", (PyCFunction)(void (*)(void))rt_resume, METH_FASTCALL | METH_KEYWORDS,
-     "resume($self, value=None, /)\n--\n\n"
-     "OCaml ``continue k value``: returns what the handler returns.  (Compiled;\n"
-     "kina_fx.handlers._ContinuationReference.resume is the reference.)"},
+    {"__init_subclass__", (PyCFunction)(void (*)(void))continuation_init_subclass,
+     METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "Give the new class the compiled resume as its own method (round_trip.c)."},
     {NULL, NULL, 0, NULL},
 };
 

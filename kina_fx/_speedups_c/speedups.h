@@ -389,7 +389,7 @@ void kfx_release_chain(PyObject *chain);
 PyObject *kfx_tuple(Py_ssize_t n, PyObject *a, PyObject *b, PyObject *c);
 void kfx_release_tuple(PyObject *t);
 void kfx_continuation_finalize(PyObject *self);
-extern PyMethodDef kfx_continuation_methods[];    /* ContinuationData's resume */
+extern PyMethodDef kfx_continuation_methods[];    /* ContinuationData.__init_subclass__ */
 /* greenlet's C API, imported when the module is (0 / -1). */
 int kfx_init_round_trip(void);
 /* A resume that is not a tail resume: a driver loop nested here (rt_drive,

@@ -9,9 +9,10 @@
  * The one difference: the driver loop is C here (round_trip.c's rt_drive),
  * which has no frame of its own.  The frame that called it stands for it:
  * the Python reference stops at a frame running handlers._drive_py's code,
- * this at a frame a C driver loop was called from and still runs above
- * (kfx_drives_from).  Every Python frame that loop calls directly (a clause)
- * has that frame as its f_back, as the Python loop's clauses have its frame.
+ * this at the frame the innermost C driver loop of the running fiber was
+ * called from (kfx_drives_from, round_trip.c).  Every Python frame that loop
+ * calls directly (a clause) has that frame as its f_back, as the Python
+ * loop's clauses have its frame.
  */
 #include "speedups.h"
 
@@ -22,8 +23,9 @@
  * tables stay in Python (tailcalls.tail_calls fills
  * tailcalls.tail_calls_by_code, read here), and so does names_function. */
 
-/* ``tailcalls.tail_calls(code)`` (new reference): the cached table when its entry is for
- * this very code object, else the Python function (which fills the cache). */
+/* ``tailcalls.tail_calls(code)`` (new reference): the cached table when its
+ * entry is for this very code object, else the Python function (which fills
+ * the cache). */
 static PyObject *
 tail_calls(PyObject *code)
 {

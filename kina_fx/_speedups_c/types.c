@@ -304,8 +304,9 @@ static PyTypeObject *const data_types[] = {
 int
 kfx_add_data_types(PyObject *module)
 {
-    /* Continuation's compiled resume and __del__ (round_trip.c): the Python
-     * class inherits them before the reference methods (handlers.py). */
+    /* Continuation's compiled __del__ and resume (round_trip.c: the class
+     * gets resume from __init_subclass__), before the reference methods
+     * (handlers.py) in its MRO. */
     KContinuation_Type.tp_finalize = kfx_continuation_finalize;
     KContinuation_Type.tp_methods = kfx_continuation_methods;
     for (PyTypeObject *const *t = data_types; *t != NULL; t++) {

@@ -52,14 +52,31 @@ def test_compiled_implementation_is_in_use():
     assert handlers._switch_into is _speedups.switch_into
     assert handlers._drive is _speedups.drive
     assert handlers._returns_straight_to_driver is _speedups.returns_straight_to_driver
-    # Continuation inherits ContinuationData's resume and finalizer before the reference's.
-    assert handlers.Continuation.resume is _speedups.ContinuationData.resume
+    # Continuation gets the compiled resume (as its own method: ContinuationData's
+    # __init_subclass__) and finalizer (inherited) before the reference's.
+    resume = vars(handlers.Continuation)["resume"]
+    assert type(resume).__name__ == "method_descriptor" and resume.__objclass__ is handlers.Continuation
     assert handlers.Continuation.__del__ is _speedups.ContinuationData.__del__
     # The C core owns the fields of the protocol's types (fibers.data_type).
     for cls in (fibers.Fiber, fibers.ThreadState, fibers.Chain, handlers.Handler, handlers._Skip,
                 handlers._TailResume, handlers.Stepper, ffi_effects.CClause):
         assert cls.__base__.__module__ == "kina_fx._speedups", cls
     assert handlers.Continuation.__mro__[2] is _speedups.ContinuationData
+
+
+@compiled_only
+def test_each_continuation_class_gets_the_compiled_resume_as_its_own():
+    class Sub(Continuation):
+        __slots__ = ()
+
+    class Own(Continuation):
+        __slots__ = ()
+
+        def resume(self, value=None):
+            return ("own", value)
+    assert vars(Sub)["resume"].__objclass__ is Sub
+    assert Own(None, None).resume(1) == ("own", 1)
+    assert Continuation[int, str].__origin__ is Continuation      # typing.Generic still ran
 
 
 @pytest.mark.only_impl("python")
