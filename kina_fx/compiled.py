@@ -44,6 +44,9 @@ an output it did not produce with one, raises
 from __future__ import annotations
 
 import os
+import weakref
+
+import numpy as np
 
 from . import autograd as ad
 from . import ffi
@@ -104,11 +107,40 @@ class CompiledFunction:
         self._function = function
         self._kinds = kinds
         self._snapshots: dict = {}     # (shape, dtype) -> spare buffers for traced arguments' copies
+        self._memrefs: dict = {}       # id(array) -> what _memref_of memoises
         self.outputs = outputs
         self.strict = strict
 
     def __repr__(self):
         return f"<CompiledFunction {self.name} of {self.module.path}>"
+
+    def _memref_of(self, array, kind):
+        """``(C argument, identity)`` of a memref over ``array``, for a parameter of ``kind``.
+
+        Memoised per array object (a training loop passes the same buffers
+        every step): the entry holds the array weakly and is used only while
+        the array's shape and strides are the ones it was made for.  The
+        descriptor itself is kept (not the array: the call holds that).
+        """
+        hit = self._memrefs.get(id(array))
+        if (hit is not None and hit[0]() is array and hit[1] == kind and hit[2] == array.shape
+                and hit[3] == array.strides):
+            return hit[4], hit[5]
+        m = memref.descriptor_of(array)
+        if kind == UNRANKED:
+            c_arg = m.pointer_for(self.module.ffi)
+        else:       # a ranked memref<...> parameter: MLIR passes its descriptor itself
+            c_arg = m.descriptor_pointer_for(self.module.ffi)
+        key = memref.identity(m.array)
+        try:
+            ref = weakref.ref(array)
+        except TypeError:           # not weakly referenceable: not memoised
+            return (c_arg, m), key
+        m.array = None
+        if len(self._memrefs) >= 64:
+            self._memrefs.clear()
+        self._memrefs[id(array)] = (ref, kind, array.shape, array.strides, (c_arg, m), key)
+        return (c_arg, m), key
 
     def _spare_copy(self, array):
         # A copy of a traced argument for the compiled code to work on, in a
@@ -128,46 +160,47 @@ class CompiledFunction:
         if len(args) < self.outputs:
             raise TypeError(f"{self.name} takes {self.outputs} output buffer(s) first, "
                             f"got {len(args)} argument(s)")
-        traced = any(isinstance(a, ad.Tensor) for a in args)
+        traced = any(a.__class__ is ad.Tensor for a in args)
         tracer = BufferTracer(strict=self.strict) if traced else None
         if len(args) != len(self._kinds):
             raise TypeError(f"{self.name} takes {len(self._kinds)} arguments, got {len(args)}")
-        keep, c_args, arrays = [], [], []
+        keep, c_args, arrays, keys, spares = [], [], [], [], []
         for i, (a, kind) in enumerate(zip(args, self._kinds)):
             if kind not in (UNRANKED, RANKED):
                 c_args.append(a)
                 arrays.append(None)
+                keys.append(None)
                 continue
-            traced_arg = isinstance(a, ad.Tensor)
+            traced_arg = a.__class__ is ad.Tensor
             if i < self.outputs and traced_arg:
                 raise TypeError(f"{self.name}: output {i} must be an array to write into, not a Tensor")
             array = a.data if traced_arg else a
+            if isinstance(array, np.generic):
+                array = np.asarray(array)
             if tracer is not None and traced_arg:
                 # Backward reads the Tensor's value: compiled code that updates
                 # its argument in place must write a copy, not that value.  The
                 # copy's buffer is reused across calls; the value itself is what
                 # the copy must still hold when a recorded op reads it.
                 original, array = array, self._spare_copy(array)
-                keep.append(array)
-            m = memref.descriptor_of(array)
-            keep.append(m)
-            if kind == UNRANKED:
-                c_args.append(m.pointer_for(self.module.ffi))
-            else:       # a ranked memref<...> parameter: MLIR passes its descriptor itself
-                c_args.append(m.descriptor_pointer_for(self.module.ffi))
-            arrays.append(m.array)
+                spares.append(array)
+            c_arg, key = self._memref_of(array, kind)
+            keep.append(c_arg)
+            c_args.append(c_arg[0])
+            arrays.append(array)
+            keys.append(key)
             if tracer is not None and i >= self.outputs:
                 if traced_arg:
-                    tracer.bind(m.array, a, original)
+                    tracer.bind(array, a, original, key=key)
                 else:           # a plain array: passed as it is, a constant (copied now)
-                    tracer.declare_constant(m.array)
+                    tracer.declare_constant(array, key=key)
         if tracer is not None:
             tracer.start()
             try:
                 status = self._function(*c_args)
             finally:
                 tracer.stop()
-                self._release([k for k in keep if not isinstance(k, memref.UnrankedMemref)])
+                self._release(spares)
         else:
             status = self._function(*c_args)
         if status:
@@ -176,7 +209,8 @@ class CompiledFunction:
                 raise original
             text = self.module._kina_ffi.string(self.module._kina.kina_last_error()).decode("utf-8", "replace")
             raise exception_for(status, f"{self.name}: {text}")
-        results = [args[i] if tracer is None else tracer.produced(arrays[i], f"{self.name}: output {i}")
+        results = [args[i] if tracer is None else
+                   tracer.produced(arrays[i], f"{self.name}: output {i}", key=keys[i])
                    for i in range(self.outputs)]
         return results[0] if self.outputs == 1 else tuple(results)
 

@@ -275,7 +275,7 @@ def switch_into(chain: Chain, send: Tuple[bool, Any]) -> Any:
         glet.gr_context = contextvars.copy_context()
     else:
         glet = top.glet
-    del me, top, base, chain
+    del me, top, base, chain, send          # the mail is the only reference the switch needs
     return _switch(glet)
 
 

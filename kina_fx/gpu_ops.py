@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 
+from . import kernel_threads
 from .errors import GpuError, ResourceError, ValidationError
 
 _cupy = None
@@ -273,11 +274,34 @@ def gather(values, indices, out=None):
     return out
 
 
+def _split_axis(ndim: int, axis: int):
+    """The axis a kernel reducing along ``axis`` cuts its blocks along (None: none)."""
+    if axis != 0:
+        return 0
+    return 1 if ndim > 1 else None
+
+
+def _input_apart(out, x, xp):
+    """``x``, or a copy of it when ``out`` overlaps it without being the same
+    view: blocks write ``out`` while other blocks still read ``x``."""
+    if out is x or x.size == 0 or not xp.may_share_memory(out, x):
+        return x
+    if (out.shape == x.shape and out.strides == x.strides and out.dtype == x.dtype
+            and _data_address(out) == _data_address(x)):
+        return x
+    return x.copy()
+
+
+def _data_address(a):
+    return a.__array_interface__["data"][0] if isinstance(a, np.ndarray) else a.data.ptr
+
+
 def softmax(x, axis=-1, out=None):
     """Numerically stable softmax along ``axis``; ``out`` may alias ``x``.
 
-    Computed in ``out`` (max, subtract, exp, normalise) with one temporary
-    for the reductions, so the C export adds no full-size copy.
+    Computed in ``out`` block by block (max, subtract, exp, sum, scale: the
+    block stays in cache between the passes), blocks spread over the
+    process's cores (:mod:`kina_fx.kernel_threads`).
     """
     xp = array_module(x)
     axis = normalize_axis(axis, x.ndim)
@@ -286,11 +310,17 @@ def softmax(x, axis=-1, out=None):
         out = xp.empty_like(x)
     if x.shape[axis] == 0 or x.size == 0:
         return out
-    m = x.max(axis=axis, keepdims=True)
-    xp.subtract(x, m, out=out)
-    xp.exp(out, out=out)
-    s = out.sum(axis=axis, keepdims=True)
-    xp.divide(out, s, out=out)
+    x = _input_apart(out, x, xp)
+
+    def block(index):
+        xb, ob = x[index], out[index]
+        m = xb.max(axis=axis, keepdims=True)
+        xp.subtract(xb, m, out=ob)
+        xp.exp(ob, out=ob)
+        s = ob.sum(axis=axis, keepdims=True)
+        xp.divide(ob, s, out=ob)
+
+    kernel_threads.run_blocks(xp, x.shape, x.size, x.dtype.itemsize, _split_axis(x.ndim, axis), block)
     return out
 
 
@@ -338,10 +368,31 @@ ALL_AXES = -(1 << 31)
 def _elementwise(fn):
     def kernel(x, out=None):
         _check_out(out, x.shape, fn.__name__)
+        if x.__class__ is np.ndarray and x.size >= kernel_threads.PARALLEL_MIN_ELEMENTS:
+            return _elementwise_blocks(fn, x, out)
         return fn(array_module(x), x, out)
     kernel.__name__ = fn.__name__
     kernel.__doc__ = fn.__doc__
     return kernel
+
+
+def _elementwise_blocks(fn, x, out):
+    """``fn`` on a large NumPy array, in row blocks spread over the cores
+    (:mod:`kina_fx.kernel_threads`); one call when the output's type or an
+    overlap with the input would make blocks differ from it."""
+    if x.dtype.kind != "f" or x.ndim == 0:
+        return fn(np, x, out)
+    if out is None:
+        out = np.empty_like(x)
+    elif out.dtype != x.dtype or (out is not x and np.may_share_memory(out, x)
+                                  and _input_apart(out, x, np) is not x):
+        return fn(np, x, out)
+
+    def block(index):
+        fn(np, x[index], out[index])
+
+    kernel_threads.run_blocks(np, x.shape, x.size, x.dtype.itemsize, 0, block)
+    return out
 
 
 @_elementwise
@@ -441,10 +492,41 @@ def _binary(fn):
         if out is not None:
             _check_out(out, broadcast_shape(getattr(a, "shape", ()), getattr(b, "shape", ()), name),
                        name)
+        if (a.__class__ is np.ndarray and b.__class__ is np.ndarray
+                and max(a.size, b.size) >= kernel_threads.PARALLEL_MIN_ELEMENTS):
+            return _binary_blocks(fn, a, b, out)
         return fn(array_module(a, b), a, b, out)
     kernel.__name__ = name
     kernel.__doc__ = fn.__doc__
     return kernel
+
+
+
+def _binary_blocks(fn, a, b, out):
+    """``fn(a, b)`` (broadcasting) on large NumPy arrays in row blocks of the
+    result, as :func:`_elementwise_blocks`."""
+    shape = broadcast_shape(a.shape, b.shape)
+    dtype = np.result_type(a, b)
+    if not shape or dtype.kind != "f":
+        return fn(np, a, b, out)
+    if out is None:
+        out = np.empty(shape, dtype)
+    elif out.dtype != dtype or any(out is not v and np.may_share_memory(out, v)
+                                   and _input_apart(out, v, np) is not v for v in (a, b)):
+        return fn(np, a, b, out)
+    rows = shape[0]
+
+    def part(v, index):
+        # Operands with the result's leading axis are cut with it; broadcast ones are whole.
+        if v.ndim == len(shape) and v.shape[0] == rows and rows != 1:
+            return v[index[:1]]
+        return v
+
+    def block(index):
+        fn(np, part(a, index), part(b, index), out[index])
+
+    kernel_threads.run_blocks(np, shape, out.size, dtype.itemsize, 0, block)
+    return out
 
 
 @_binary
@@ -572,17 +654,31 @@ def transpose(x, perm=None, out=None):
 
 
 def log_softmax(x, axis=-1, out=None):
-    """Numerically stable log-softmax along ``axis``."""
+    """Numerically stable log-softmax along ``axis``: ``x - max - log(sum(exp(x - max)))``.
+
+    Block by block as :func:`softmax`, the exponentials in a block-sized
+    scratch buffer: ``x`` is read twice and ``out`` written once.
+    """
     xp = array_module(x)
     axis = normalize_axis(axis, x.ndim)
     _check_out(out, x.shape, "log_softmax")
-    if x.size == 0:
-        return xp.empty_like(x) if out is None else out
-    shifted = x - x.max(axis=axis, keepdims=True)
-    r = shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
     if out is None:
-        return r
-    out[...] = r
+        out = xp.empty_like(x)
+    if x.size == 0:
+        return out
+    x = _input_apart(out, x, xp)
+
+    def block(index):
+        xb = x[index]
+        shift = xb.max(axis=axis, keepdims=True)
+        e = xb - shift
+        xp.exp(e, out=e)
+        s = e.sum(axis=axis, keepdims=True)
+        xp.log(s, out=s)
+        shift += s
+        xp.subtract(xb, shift, out=out[index])
+
+    kernel_threads.run_blocks(xp, x.shape, x.size, x.dtype.itemsize, _split_axis(x.ndim, axis), block)
     return out
 
 
@@ -609,15 +705,36 @@ def cross_entropy(logits, labels, out=None):
     """Mean over samples of ``-log_softmax(logits)[label]``, classes on the last axis.
 
     ``labels`` are integers with shape ``logits.shape[:-1]``, each in
-    ``[0, classes)``; the result is a scalar (a rank-0 ``out``).
+    ``[0, classes)``; the result is a scalar (a rank-0 ``out``).  Per row it
+    is ``logsumexp(row) - row[label]``: no full-size log-softmax is made,
+    only a block-sized scratch buffer, and the rows are summed in float64.
     """
     xp = array_module(logits, labels)
     check_cross_entropy(logits, labels)
     _check_out(out, (), "cross_entropy")
     classes, n = logits.shape[-1], labels.size
-    flat = log_softmax(logits, -1).reshape(-1, classes)
-    picked = flat[xp.arange(n), labels.reshape(-1)]
-    r = -(picked.sum() / n)
+    flat = logits.reshape(-1, classes)
+    picks = labels.reshape(-1)
+    partial = {}        # first row of a block -> its sum: added in row order, deterministic
+
+    def block(index):
+        rows = index[0]
+        xb = flat[rows]
+        m = xb.max(axis=1, keepdims=True)
+        e = xb - m
+        xp.exp(e, out=e)
+        lse = e.sum(axis=1, keepdims=True)
+        xp.log(lse, out=lse)
+        lse += m
+        picked = xp.take_along_axis(xb, picks[rows, None], axis=1)
+        partial[rows.start or 0] = (lse - picked).sum(dtype=xp.float64)
+
+    kernel_threads.run_blocks(xp, flat.shape, flat.size, flat.dtype.itemsize, 0, block)
+    sums = [partial[k] for k in sorted(partial)]
+    total = sums[0]
+    for p in sums[1:]:
+        total = total + p
+    r = (total / n).astype(logits.dtype)
     if out is None:
         return r
     out[...] = r

@@ -452,7 +452,16 @@ def _suspend_perform(effect, args, found):
     del f, k, h, st
     send = fibers.suspend()
     if send[0]:
-        raise send[1]
+        exc = send[1]
+        send = None
+        try:
+            raise exc
+        finally:
+            # A frame holding the exception it raises is a cycle (exception ->
+            # traceback -> frame) that keeps the frame and its callers alive
+            # until the cycle collector runs, and what they reference: a
+            # clause's continuation would look kept, and not be aborted.
+            exc = None
     return send[1]
 
 
@@ -736,9 +745,14 @@ def _drive_py(chain, send):
     or a control clause's.  A clause that resumes a continuation in tail
     position hands it back here instead of nesting (see _resume_from).
     """
+    # Each step's chain and send go to the switch and stay nowhere here (as in
+    # the compiled loop): a send may hold an exception that a discontinue
+    # raises in the body, which holds the frames it went through, and what
+    # they reference (the first ones stay referenced by the callers, as in C).
+    step = [chain, send]
+    del chain, send
     while True:
-        kind, handler, payload = _switch_into(chain, send)
-        chain = send = None
+        kind, handler, payload = _switch_into(step.pop(0), step.pop())
         if kind is PERFORMED:
             effect, args, k = payload
             del payload
@@ -758,10 +772,14 @@ def _drive_py(chain, send):
             result = payload if handler.ret is None else handler.ret(payload)
         elif kind is RAISED:
             if handler.exc is None or not isinstance(payload, Exception):
-                raise payload
+                try:
+                    raise payload
+                finally:
+                    payload = None          # no cycle through this frame (see _suspend_perform)
             result = handler.exc(payload)
         if result.__class__ is _TailResume:
-            chain, send = result.chain, result.send
+            step = [result.chain, result.send]
+            result = None
             continue
         return result
 
@@ -797,15 +815,16 @@ def _abort_unless_kept(box, handler, exc):
     except fibers.Unwind as unwound:
         if unwound is not signal:
             raise
-        # Swallowed: drop its traceback, whose frames (this one, the driver's)
-        # hold the signal.  Left to the cycle collector, that cycle would keep
-        # every caller's frame alive, and what they reference: the
-        # continuation of an outer clause, then not aborted when it returns.
-        unwound.__traceback__ = None
     except BaseException as cleanup_error:
         if exc is not None and cleanup_error is not exc:
             cleanup_error.__context__ = exc
         raise
+    finally:
+        # Drop the signal's traceback, whose frames (this one, the driver's)
+        # hold the signal.  Left to the cycle collector, that cycle would keep
+        # every caller's frame alive, and what they reference: the
+        # continuation of an outer clause, then not aborted when it returns.
+        signal.__traceback__ = None
 
 
 def _referenced_by_traceback(k, exc):
@@ -886,7 +905,10 @@ def _drive_on_fresh_stack(chain, send):
     del chain
     kind, _, payload = _switch_into(Chain(helper, helper), (False, None))
     if kind is RAISED:
-        raise payload
+        try:
+            raise payload
+        finally:
+            payload = None                  # no cycle through this frame (see _suspend_perform)
     return payload
 
 

@@ -273,9 +273,17 @@ def identity(array) -> tuple:
     empty array has address 0).  A device copy of host memory made by
     :func:`host_staged` has the identity of that host memory.  Tapes identify
     tensors by this (docs/autograd-abi.md)."""
-    hit = _staged.get(id(array))
+    key = id(array)
+    hit = _view_identities.get(key)
     if hit is not None and hit[0] is array:
         return hit[1]
+    hit = _staged.get(key)
+    if hit is not None and hit[0] is array:
+        return hit[1]
+    return _identity_of(array)
+
+
+def _identity_of(array) -> tuple:
     shape = tuple(array.shape)
     if 0 in shape:          # no element, no address to tell it apart by
         return (0, shape, (0,) * len(shape), array.dtype.str)
@@ -354,11 +362,28 @@ def allocation_bytes(ptr: Any, element_size: int, name: str = "memref") -> int:
 _CACHE_LIMIT = 4096
 _caches: list = []
 
+#: id(view) -> (view, identity) for every view a ViewCache made: the tapes ask
+#: for the identity of each operand of each call, and reading it back from the
+#: view (``__array_interface__`` over foreign memory) costs microseconds.  The
+#: entry holds the view, so its id cannot be reused while the entry exists.
+_view_identities: dict = {}
+_caches.append(_view_identities)
+
 
 def clear_caches() -> None:
     """Forget every memoised view (called when the runtime allocates or frees)."""
     for views in _caches:
         views.clear()
+
+
+def _descriptor_identity(d: Descriptor, dtype) -> tuple:
+    """:func:`identity` of the view of ``d`` (computed from the descriptor, as
+    :func:`_identity_of` would read it from the view)."""
+    sizes = d.sizes
+    if 0 in sizes:
+        return (0, sizes, (0,) * len(sizes), dtype.str)
+    strides = tuple([0 if n == 1 else s for n, s in zip(sizes, d.strides)])
+    return (d.aligned + d.offset * dtype.itemsize, sizes, strides, dtype.str)
 
 
 class ViewCache:
@@ -422,6 +447,9 @@ class ViewCache:
         if len(self.views) >= _CACHE_LIMIT:
             self.views.clear()
             self._bounds.clear()
+        if len(_view_identities) >= _CACHE_LIMIT * 8:
+            _view_identities.clear()
+        _view_identities[id(view)] = (view, _descriptor_identity(d, self.dtype))
         self.views[raw] = view
         self._bounds[raw] = (view, 0, 0) if ext is None else (view, ext[0], ext[0] + ext[1])
         return view

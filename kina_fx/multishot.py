@@ -47,6 +47,7 @@ nothing here touches their speed.
 """
 from __future__ import annotations
 
+import copy
 import sys
 
 from . import fibers
@@ -241,7 +242,7 @@ class _Run:
             try:
                 value = perform(effect, *args)
             except BaseException as exc:
-                self.log = (self.log, (effect, args, (True, exc)))
+                self.log = (self.log, (effect, args, (True, _kept(exc))))
                 raise
             self.log = (self.log, (effect, args, (False, value)))
             return value
@@ -251,9 +252,13 @@ class _Run:
                 f"replaying perform #{pos + 1}: the run performed {effect.name}{_show(args)} "
                 f"where the recorded run performed {recorded_effect.name}{_show(recorded_args)}")
         self.pos = pos + 1
-        self.log = (self.log, (effect, args, send))
         if send[0]:
-            raise send[1]
+            exc = send[1]
+            self.log = (self.log, (effect, args, (True, _kept(exc))))
+            # The shot's own answer (the last entry) is raised as the clause
+            # gave it; recorded ones as fresh copies (see _kept).
+            raise exc if pos == len(self.script) - 1 else _kept(exc)
+        self.log = (self.log, (effect, args, send))
         return send[1]
 
     def answer(self, effect, k, args):
@@ -311,6 +316,26 @@ class _Run:
             raise ReplayDiverged(
                 f"the replayed run {how} after {self.pos} performs; the recorded run "
                 f"performed {len(self.script)} before the point being replayed")
+
+
+def _kept(exc):
+    """What the record keeps of an exception the body received: a copy, without
+    the traceback.  The record lives as long as any continuation of the run,
+    and an exception keeps every frame it went through (and their callers'),
+    with what they reference: a continuation of a clause inside the body would
+    then look kept, and not be aborted.  A replay raises a fresh copy.  The
+    eager abort's Unwind is kept as itself (the abort swallows only its own
+    signal, and drops its traceback)."""
+    if isinstance(exc, fibers.Unwind):
+        return exc
+    try:
+        kept = copy.copy(exc)
+    except Exception:                 # an exception that cannot be rebuilt: as it is
+        return exc
+    if type(kept) is not type(exc):
+        return exc
+    kept.__traceback__ = None
+    return kept
 
 
 def _same_args(a, b):

@@ -83,7 +83,12 @@ class RuntimeOp:
     # they overlap (ufuncs, matmul, take, and kernels that build their result
     # before assigning it).  Others get overlapping inputs copied first.
     overlap_safe: bool = True
+    # Whether ``check`` reads only the operands' shapes and the parameters
+    # (not their values, as gather's index range does): its verdict is then
+    # memoised per shapes (check_output), since a tape checks every call.
+    check_by_shape: bool = False
     effect: Effect = field(init=False, compare=False)
+    _passed: dict = field(init=False, compare=False, repr=False, default_factory=dict)
 
     def __post_init__(self):
         effect = Effect("kina.runtime." + self.name)
@@ -97,10 +102,20 @@ class RuntimeOp:
 
     def check_output(self, out, *args) -> None:
         """Validate the call (shapes, parameters, index ranges) before anything is written."""
+        key = None
+        if self.check_by_shape:
+            n = len(self.inputs)
+            key = (out.shape, *[a.shape for a in args[:n]], *args[n:])
+            if key in self._passed:
+                return
         shape = self.check(*args)
         if tuple(out.shape) != tuple(shape):
             raise ValidationError(f"{self.name}: out has shape {tuple(out.shape)}, "
                                   f"expected {tuple(shape)}")
+        if key is not None:
+            if len(self._passed) >= 1024:
+                self._passed.clear()
+            self._passed[key] = True
 
     def differentiate(self, autograd, *args):
         """The op computed by its primitive of ``autograd`` (the :mod:`kina_fx.autograd`
@@ -262,18 +277,19 @@ OUT = Operand("out")
 
 def _unary(name, doc):
     return RuntimeOp(name, f"_mlir_ciface_runtime_{name}_f32", OUT, (X,), (),
-                     _unary_kernel(getattr(gpu_ops, name)), _same_shape, name, doc)
+                     _unary_kernel(getattr(gpu_ops, name)), _same_shape, name, doc, check_by_shape=True)
 
 
 def _binary(name, kernel_name, doc):
     return RuntimeOp(name, f"_mlir_ciface_runtime_{name}_f32", OUT, (A, B), (),
-                     _binary_kernel(getattr(gpu_ops, kernel_name)), _broadcast(name), name, doc)
+                     _binary_kernel(getattr(gpu_ops, kernel_name)), _broadcast(name), name, doc,
+                     check_by_shape=True)
 
 
 def _reduction(name, doc):
     return RuntimeOp(name, f"_mlir_ciface_runtime_{name}_f32", OUT, (X,), ("axis", "keepdims"),
                      _reduction_kernel(getattr(gpu_ops, "reduce_" + name)), _reduction_check(name),
-                     name, doc, primitive_args=_reduction_args)
+                     name, doc, primitive_args=_reduction_args, check_by_shape=True)
 
 
 RUNTIME_OPS: tuple = (
@@ -281,28 +297,30 @@ RUNTIME_OPS: tuple = (
     RuntimeOp("copy_to_device_f32", "_mlir_ciface_runtime_copy_to_device_f32", Operand("dst"),
               (Operand("src"),), ("device",), _copy_to_device_kernel, _copy_check, IDENTITY,
               "dst = src on device ordinal `device` (0 on the CPU backend)", seed=True,
-              overlap_safe=False),
+              overlap_safe=False, check_by_shape=True),
     RuntimeOp("copy_to_device_f16", "_mlir_ciface_runtime_copy_to_device_f16", Operand("dst", F16),
               (Operand("src", F16),), ("device",), _copy_to_device_kernel, _copy_check, IDENTITY,
-              "dst = src (float16) on device ordinal `device`", seed=True, overlap_safe=False),
+              "dst = src (float16) on device ordinal `device`", seed=True, overlap_safe=False,
+              check_by_shape=True),
     RuntimeOp("copy_to_host_f32", "_mlir_ciface_runtime_copy_to_host_f32", Operand("dst"),
               (Operand("src"),), (), _copy_kernel, _copy_check, IDENTITY,
-              "dst = src, into host-visible memory", seed=True, overlap_safe=False),
+              "dst = src, into host-visible memory", seed=True, overlap_safe=False, check_by_shape=True),
     RuntimeOp("matmul", "_mlir_ciface_runtime_gpu_matmul_f32", OUT, (A, B), (),
               lambda out, a, b: gpu_ops.matmul(a, b, out), _matmul_check, "matmul",
-              "out = a @ b (NumPy matmul rules, batched)", seed=True),
+              "out = a @ b (NumPy matmul rules, batched)", seed=True, check_by_shape=True),
     RuntimeOp("gather", "_mlir_ciface_runtime_gpu_gather_f32", OUT,
               (Operand("values"), Operand("indices", I64)), (),
               lambda out, values, indices: gpu_ops.gather(values, indices, out), _gather_check,
               "gather", "out = values[indices] (rows; indices in [0, rows), never wrapped)", seed=True),
     RuntimeOp("softmax", "_mlir_ciface_runtime_gpu_softmax_f32", OUT, (X,), ("axis",),
               lambda out, x, axis: gpu_ops.softmax(x, axis, out), _axis_check("softmax"), "softmax",
-              "out = softmax(x) along `axis`", seed=True),
+              "out = softmax(x) along `axis`", seed=True, check_by_shape=True),
     RuntimeOp("repeat_interleave", "_mlir_ciface_runtime_gpu_repeat_interleave_f32", OUT, (X,),
               ("axis", "reps"), lambda out, x, axis, reps: gpu_ops.repeat_interleave(x, reps, axis, out),
               _repeat_check, "repeat_interleave",
               "each element of x repeated `reps` times along `axis` (torch semantics)",
-              primitive_args=_repeat_interleave_args, seed=True, overlap_safe=False),
+              primitive_args=_repeat_interleave_args, seed=True, overlap_safe=False,
+              check_by_shape=True),
     # The differentiable network's ops.
     _unary("neg", "out = -x"),
     _unary("exp", "out = exp(x)"),
@@ -324,7 +342,7 @@ RUNTIME_OPS: tuple = (
               primitive_args=_transpose_args, overlap_safe=False),
     RuntimeOp("log_softmax", "_mlir_ciface_runtime_log_softmax_f32", OUT, (X,), ("axis",),
               lambda out, x, axis: gpu_ops.log_softmax(x, axis, out), _axis_check("log_softmax"),
-              "log_softmax", "out = log(softmax(x)) along `axis`"),
+              "log_softmax", "out = log(softmax(x)) along `axis`", check_by_shape=True),
     RuntimeOp("cross_entropy", "_mlir_ciface_runtime_cross_entropy_f32", OUT,
               (Operand("logits"), Operand("labels", I64)), (),
               lambda out, logits, labels: gpu_ops.cross_entropy(logits, labels, out),

@@ -175,11 +175,7 @@ static PyTypeObject KMirror_Type = {
 /* ---- the GIL and errno around a fast path ----------------------------------------- */
 
 /* Take the GIL for this call (1), or decline (0): no thread state yet. */
-typedef struct {
-    PyThreadState *ts;
-    int held;                        /* the caller already held it */
-    int saved_errno;
-} gil_call;
+typedef kfx_gil_call gil_call;
 
 static int
 gil_enter(gil_call *g)
@@ -204,6 +200,19 @@ gil_leave(gil_call *g)
     if (!g->held)
         (void)PyEval_SaveThread();
     errno = g->saved_errno;
+}
+
+/* The same two for the other files' fast paths (op_calls.c). */
+int
+kfx_gil_enter(kfx_gil_call *g)
+{
+    return gil_enter(g);
+}
+
+void
+kfx_gil_leave(kfx_gil_call *g)
+{
+    gil_leave(g);
 }
 
 /* ---- the step: handlers.Stepper._step((False, value)) --------------------------- */
@@ -535,6 +544,7 @@ const kina_fast_api kfx_fast_api = {
     fast_fiber_state,
     fast_fiber_result,
     fast_prepare,
+    kfx_fast_runtime_op,
 };
 
 /* ---- the module's part ------------------------------------------------------- */

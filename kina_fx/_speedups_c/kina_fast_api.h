@@ -19,7 +19,7 @@
 
 #include <stdint.h>
 
-#define KINA_FAST_API_VERSION 3
+#define KINA_FAST_API_VERSION 4
 #define KINA_FAST_DECLINED 0
 #define KINA_FAST_DONE 1
 
@@ -36,6 +36,12 @@ typedef struct {
     /* Called by every export before its extern "Python" path: a C handler
      * called without the GIL may be calling back (nogil.c). */
     void (*prepare)(void);
+    /* A runtime op export (kina_runtime_ops.h): ``op`` is its row of
+     * kina_fx.runtime_ops.RUNTIME_OPS, ``memrefs`` its nmem
+     * kina_unranked_memref_t pointers (outputs first), ``params`` its int32
+     * parameters. */
+    int (*runtime_op)(int32_t op, void *const *memrefs, int32_t nmem, const int32_t *params,
+                      int32_t nparams, int32_t *status);
 } kina_fast_api;
 
 #endif /* KINA_FAST_API_H */

@@ -32,6 +32,7 @@ PyObject *g_local, *g_handler_fun, *g_handler_on, *g_unhandled, *g_cancelled, *g
 PyTypeObject *g_fiber_t, *g_tstate_t, *g_skip_t, *g_handler_t, *g_tail_t, *g_chain_t, *g_cont_t,
              *g_stepper_t, *g_catch_t, *g_cclause_t, *g_chandler_t;
 PyObject *t_resume_names, *t_cache, *t_tail_calls, *t_names_function;
+PyObject *g_op_rows, *g_cpu_selected, *g_op_perform;
 Py_ssize_t t_max_frames;
 int g_hop_depth;
 
@@ -109,8 +110,18 @@ static const collaborator c_abi_collaborators[] = {
     {"kina_fx.ffi.effects", "_report_error", &g_report_fn, CALLABLE, NULL},
 };
 
+/* What the runtime op exports' fast path adds (op_calls.c), read at its
+ * first call after kina_fx.ffi.ops was imported (a host that uses only the
+ * effects exports never imports it, nor NumPy). */
+static const collaborator op_collaborators[] = {
+    {"kina_fx.ffi.ops", "FAST_ROWS", &g_op_rows, ANY, NULL},
+    {"kina_fx.ffi.ops", "_cpu_selected", &g_cpu_selected, CALLABLE, NULL},
+    {"kina_fx.ffi.ops", "_fast_perform", &g_op_perform, CALLABLE, NULL},
+};
+
 #define N_COLLABORATORS (sizeof(collaborators) / sizeof(collaborators[0]))
 #define N_C_ABI (sizeof(c_abi_collaborators) / sizeof(c_abi_collaborators[0]))
+#define N_OPS (sizeof(op_collaborators) / sizeof(op_collaborators[0]))
 
 /* ``type`` is ``core`` (one of types.c's types) or a subclass in
  * which no descriptor shadows one of core's fields: C code may then read and
@@ -148,19 +159,25 @@ check_data_type(PyObject *type, PyTypeObject *core, const char *what)
 /* The module ``name``, fully imported (new reference); NULL with an
  * exception.  A module whose import is still running (its spec says
  * _initializing) is refused: its names may not exist yet. */
-static PyObject *
-import_complete(const char *name)
+static int
+being_imported(PyObject *module)
 {
-    PyObject *module = PyImport_ImportModule(name);
-    if (module == NULL)
-        return NULL;
     PyObject *spec = PyObject_GetAttrString(module, "__spec__");
     PyObject *busy = spec == NULL || spec == Py_None ? NULL : PyObject_GetAttrString(spec, "_initializing");
     int initializing = busy != NULL && PyObject_IsTrue(busy) > 0;
     Py_XDECREF(busy);
     Py_XDECREF(spec);
     PyErr_Clear();                   /* no spec or no flag: an ordinary, complete module */
-    if (initializing) {
+    return initializing;
+}
+
+static PyObject *
+import_complete(const char *name)
+{
+    PyObject *module = PyImport_ImportModule(name);
+    if (module == NULL)
+        return NULL;
+    if (being_imported(module)) {
         PyErr_Format(PyExc_ImportError, "kina_fx._speedups was called while %s was still being "
                      "imported (an import cycle)", name);
         Py_DECREF(module);
@@ -251,6 +268,35 @@ kfx_import_collaborators(void)
     return 0;
 }
 
+/* The runtime op collaborators: 1 once read, 0 while kina_fx.ffi.ops is not
+ * (completely) imported, -1 with an exception. */
+int
+kfx_import_op_collaborators(void)
+{
+    static int ready;
+    if (ready)
+        return 1;
+    PyObject *name = PyUnicode_FromString("kina_fx.ffi.ops");
+    PyObject *ops = name == NULL ? NULL : PyImport_GetModule(name);
+    Py_XDECREF(name);
+    if (ops == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    int initializing = being_imported(ops);
+    Py_DECREF(ops);
+    if (initializing)
+        return 0;
+    PyObject *got[N_OPS] = {NULL};
+    if (read_collaborators(op_collaborators, N_OPS, got) < 0)
+        return -1;
+    if (!kfx_check_op_rows(g_op_rows)) {
+        PyErr_SetString(PyExc_TypeError, "kina_fx.ffi.ops.FAST_ROWS is not a tuple of None or "
+                        "(effect, (dict, ...)) per row");
+        return -1;
+    }
+    ready = 1;
+    return 1;
+}
+
 PyDoc_STRVAR(set_c_abi_fast_paths_doc,
 "set_c_abi_fast_paths($module, on, /)\n--\n\n"
 "Turn the C ABI's fast paths (kina_fast_api.h: kina_perform answered by C\n"
@@ -318,6 +364,7 @@ PyInit__speedups(void)
     if (kfx_add_data_types(m) < 0 || PyModule_AddFunctions(m, kfx_perform_methods) < 0
             || PyModule_AddFunctions(m, kfx_tail_methods) < 0
             || PyModule_AddFunctions(m, kfx_round_trip_methods) < 0
+            || PyModule_AddFunctions(m, kfx_buffers_methods) < 0
             || kfx_add_c_fibers(m) < 0 || kfx_init_round_trip() < 0) {
         Py_DECREF(m);
         return NULL;

@@ -16,6 +16,10 @@
  *   c_fibers.c    the C ABI's host fibers (handlers.Stepper._step and the
  *                          kina_py_* getters of ffi.effects)
  *   nogil.c       kina_perform's search over C handlers without the GIL
+ *   op_calls.c    a runtime op export called from C, CPU backend
+ *                          (the CPU path of ffi.ops' callbacks)
+ *   buffers.c     the byte comparison of a tape's overwrite check
+ *                          (autograd.memory._unchanged)
  *   types.c       the data of the protocol's types (the classes' fields)
  *   module.c      the module: the Python collaborators it imports (at
  *                          first use), the method table, the _C_API capsule
@@ -193,6 +197,11 @@ extern PyObject *t_tail_calls;     /* tailcalls.tail_calls                      
 extern PyObject *t_names_function; /* tailcalls.names_function                  */
 extern PyObject *g_answer_fn;      /* ffi.effects._answer_to_int64 (C ABI)      */
 extern PyObject *g_report_fn;      /* ffi.effects._report_error (C ABI)         */
+extern PyObject *g_op_rows;        /* ffi.ops.FAST_ROWS (runtime op exports)    */
+extern PyObject *g_cpu_selected;   /* ffi.ops._cpu_selected                     */
+extern PyObject *g_op_perform;     /* ffi.ops._fast_perform                     */
+/* Read those three once kina_fx.ffi.ops is imported: 1, 0 (not yet), -1. */
+int kfx_import_op_collaborators(void);
 
 /* Stepper.NEW, RUNNING, SUSPENDED, DONE, FAILED, CANCELLED: their index is the
  * KINA_FIBER_* value (ffi.effects.FIBER_STATES). */
@@ -369,6 +378,17 @@ int kfx_find_fun(PyObject *h, PyObject *effect, PyObject **clause);
 
 /* ---- c_fibers.c --------------------------------------------------------- */
 
+/* The GIL around a fast path called from C: kfx_gil_enter takes it (1) or
+ * declines (0: the thread has no Python thread state yet); kfx_gil_leave
+ * releases it unless the caller held it, and restores errno. */
+typedef struct {
+    PyThreadState *ts;
+    int held;                        /* the caller already held it */
+    int saved_errno;
+} kfx_gil_call;
+int kfx_gil_enter(kfx_gil_call *g);
+void kfx_gil_leave(kfx_gil_call *g);
+
 extern PyTypeObject *g_stepper_t, *g_catch_t;
 extern PyObject *g_suspend_to_host;
 /* The fiber handle mirror and describe_c_handler, added to the module. */
@@ -401,6 +421,16 @@ int kfx_drives_from(PyObject *frame);
 extern PyTypeObject *g_chain_t, *g_cont_t;
 extern PyObject *g_performed, *g_returned, *g_raised;
 extern PyMethodDef kfx_round_trip_methods[];
+
+/* ---- op_calls.c --------------------------------------------------------- */
+
+int kfx_fast_runtime_op(int32_t op, void *const *memrefs, int32_t nmem, const int32_t *params,
+                        int32_t nparams, int32_t *status);
+int kfx_check_op_rows(PyObject *rows);
+
+/* ---- buffers.c ---------------------------------------------------------- */
+
+extern PyMethodDef kfx_buffers_methods[];
 
 #pragma GCC visibility pop
 

@@ -4,7 +4,8 @@ The whole design in a few lines (``docs/autograd.md`` has the long version):
 
 * Every differentiable primitive (``mul``, ``exp``, ``matmul``, ...) is an
   :class:`~kina_fx.handlers.Effect`, defined once in the op table
-  (:mod:`.primitives`: kernel, reverse and forward rules side by side).  Its
+  (:mod:`.primitives`, the registry; the ops in :mod:`.ops_core` and
+  ``ops_*.py``: kernel and derivative rules side by side).  Its
   ``default`` -- what answers when no handler does -- runs the kernel with
   the array module of its inputs (NumPy on the CPU, CuPy on a GPU).
 * A :class:`Tape` (:mod:`.tape`) is a handler of tail-resumptive ``fun``
@@ -25,13 +26,11 @@ from typing import TYPE_CHECKING
 
 from .tensor import Tensor, is_traced, kernels, recordable
 from .primitives import NUMPY_RULES, PRIMITIVES, Primitive, effect_of, numpy_rule, op
+from . import ops_core
 if TYPE_CHECKING:     # type checkers do not apply class decorators: the ops' signatures
     from ._op_signatures import *  # noqa: F401,F403
 else:
-    from .primitives import (add, broadcast_to, cast, clip, concatenate, cross_entropy, div,
-                             exp, gather, getitem, index_add, log, log_softmax, matmul, max,
-                             mean, mul, neg, pow, relu, repeat_interleave, reshape, sigmoid,
-                             softmax, stack, stop_gradient, sub, sum, tanh, transpose, where)
+    from .ops_core import *  # noqa: F401,F403
 from . import numpy_protocol  # noqa: F401  (installs Tensor.__array_ufunc__/__array_function__)
 from .functions import array, dot, flatten, ravel, squeeze
 from . import ops_collective, ops_linalg, ops_math, ops_shape
@@ -47,13 +46,10 @@ from .transforms import (elementwise_grad, grad, hessian, hvp, jacfwd, jacobian,
 
 __all__ = [
     "Tensor", "Tape", "grad", "value_and_grad", "vjp", "jvp",
-    "add", "sub", "mul", "div", "neg", "pow", "exp", "log", "tanh", "sigmoid", "relu",
-    "matmul", "sum", "mean", "max", "reshape", "transpose", "broadcast_to", "gather",
-    "softmax", "log_softmax", "cross_entropy", "repeat_interleave", "where",
-    "stop_gradient", "cast", "getitem", "index_add",
-    "stack", "concatenate", "clip", "dot", "ravel", "flatten", "squeeze", "array",
+    "dot", "ravel", "flatten", "squeeze", "array",
     "PRIMITIVES", "NUMPY_RULES", "Primitive", "op", "numpy_rule", "effect_of",
     "BACKWARD_OBSERVED", "observe_backward", "is_traced", "kernels", "recordable",
     "custom_vjp", "custom_jvp", "primitive", "defvjp", "defjvp",
     "jacobian", "jacfwd", "jacrev", "hessian", "hvp", "elementwise_grad",
-] + ops_math.__all__ + ops_linalg.__all__ + ops_shape.__all__ + ops_collective.__all__
+] + (ops_core.__all__ + ops_math.__all__ + ops_linalg.__all__ + ops_shape.__all__
+     + ops_collective.__all__)

@@ -71,6 +71,13 @@ def buffer_key(array) -> tuple:
     return memref.identity(array)
 
 
+_identity = memref.identity
+
+
+def _name(what) -> str:
+    return what if isinstance(what, str) else what()
+
+
 def describe(array) -> str:
     """A buffer as messages name it."""
     address, shape, strides, dtype = buffer_key(array)
@@ -79,10 +86,14 @@ def describe(array) -> str:
 
 def _raw(value):
     """The array under every level of Tensor wrapping."""
-    return value.data if isinstance(value, ad.Tensor) else value
+    return value.data if value.__class__ is ad.Tensor else value
 
 
 _SAME_SIZE_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+#: memcmp of two C-contiguous buffers (kina_fx._speedups; NotImplemented for
+#: others), or None: the NumPy comparison below is the reference.
+_same_bytes = getattr(fibers.speedups, "same_bytes", None)
 
 
 def _unchanged(current, recorded) -> bool:
@@ -93,6 +104,10 @@ def _unchanged(current, recorded) -> bool:
     """
     if current.shape != recorded.shape:
         return False
+    if current.dtype == recorded.dtype and _same_bytes is not None:
+        same = _same_bytes(current, recorded)
+        if same is not NotImplemented:
+            return same
     if current.dtype == recorded.dtype and current.dtype.itemsize in _SAME_SIZE_UINT:
         uint = _SAME_SIZE_UINT[current.dtype.itemsize]
         return bool((current.view(uint) == recorded.view(uint)).all())
@@ -170,20 +185,24 @@ class BufferTracer:
             tracer = tracer.parent
         return None
 
-    def read(self, array, what: str, differentiable: bool = True, pending: dict | None = None):
+    def read(self, array, what, differentiable: bool = True, pending: dict | None = None):
         """The Tensor (or constant array) ``array`` holds, checked against what was recorded.
 
-        A lenient tape takes an unknown buffer for a constant, copied now: into
-        ``pending`` when given (the caller adds it to the table once the whole
-        call succeeded: a failed call changes nothing), else into the table."""
-        key = buffer_key(array)
-        entry = self.lookup(key)
+        ``what`` names the operand in messages: a string, or a function
+        returning it (called only to raise).  A lenient tape takes an unknown
+        buffer for a constant, copied now: into ``pending`` when given (the
+        caller adds it to the table once the whole call succeeded: a failed
+        call changes nothing), else into the table."""
+        key = _identity(array)
+        entry = self.table.get(key)
+        if entry is None and self.parent is not None:
+            entry = self.parent.lookup(key)
         if entry is None and pending is not None:
             entry = pending.get(key)
         if entry is None:
             if self.strict and differentiable:
                 raise TapeError(
-                    f"{what}: {describe(array)} was not produced by a recorded runtime op, "
+                    f"{_name(what)}: {describe(array)} was not produced by a recorded runtime op, "
                     "watched, or declared constant; code that computes a buffer itself "
                     "(MLIR loops rather than runtime calls) is invisible to the tape "
                     "(strict mode: declare it constant, watch it, or use a lenient tape)")
@@ -191,32 +210,35 @@ class BufferTracer:
             (self.table if pending is None else pending)[key] = _Entry(value, value, "constant")
             return value
         if not _unchanged(array, entry.value):
-            raise TapeError(f"{what}: {describe(array)} was overwritten after the tape recorded it; "
-                            "its recorded value would give a wrong gradient")
+            raise TapeError(f"{_name(what)}: {describe(array)} was overwritten after the tape "
+                            "recorded it; its recorded value would give a wrong gradient")
         return entry.tensor
 
     def record(self, out, tensor, kind: str = "produced") -> None:
         """Write ``tensor``'s value into ``out`` and remember that ``out`` holds ``tensor``."""
-        xp = array_module(out)
-        value = xp.asarray(_raw(tensor))
+        value = _raw(tensor)
+        if value.__class__ is not np.ndarray:
+            value = array_module(out).asarray(value)
         out[...] = value
         if value.dtype != out.dtype or value.shape != out.shape:
-            value = xp.array(out, copy=True)
+            value = array_module(out).array(out, copy=True)
         entry = _Entry(tensor, value, kind)
-        key = buffer_key(out)
+        key = _identity(out)
         tracer = self
         while tracer is not None:
             tracer.table[key] = entry
             tracer = tracer.parent
 
-    def declare_constant(self, array) -> None:
+    def declare_constant(self, array, key=None) -> None:
         """Record ``array``'s buffer as an input this tracer does not differentiate.
 
         Its values are copied now, unless an outer tracer knows the buffer by
         these very values: then it is the outer tracer's Tensor, which this
         tracer does not differentiate but the outer one still does (a copy
-        would cut the outer gradient's paths through this tracer's ops)."""
-        key = buffer_key(array)
+        would cut the outer gradient's paths through this tracer's ops).
+        ``key``: its :func:`buffer_key`, when the caller has it."""
+        if key is None:
+            key = _identity(array)
         outer = self.parent.lookup(key) if self.parent is not None else None
         if outer is not None and _unchanged(array, outer.value):
             self.table[key] = _Entry(outer.tensor, outer.value, "constant")
@@ -224,18 +246,18 @@ class BufferTracer:
         value = array_module(array).array(array, copy=True)
         self.table[key] = _Entry(value, value, "constant")
 
-    def bind(self, array, tensor, value) -> None:
+    def bind(self, array, tensor, value, key=None) -> None:
         """Record that ``array``'s buffer holds ``tensor`` (a Python caller's traced
         argument), whose values are ``value`` (not ``array`` itself: the
         overwrite check compares the buffer with it)."""
-        self.table[buffer_key(array)] = _Entry(tensor, value, "given")
+        self.table[_identity(array) if key is None else key] = _Entry(tensor, value, "given")
 
-    def produced(self, array, what: str):
+    def produced(self, array, what: str, key=None):
         """The Tensor a recorded op wrote into ``array``'s buffer.
 
         TapeError if no recorded op wrote it (strict mode; lenient: the array
         itself, a constant) or it was overwritten since."""
-        entry = self.table.get(buffer_key(array))
+        entry = self.table.get(_identity(array) if key is None else key)
         if entry is None or entry.kind != "produced":
             if self.strict:
                 raise TapeError(f"{what} ({describe(array)}) was not written by a recorded "
@@ -248,12 +270,13 @@ class BufferTracer:
 
     def apply(self, op, out, args):
         """Answer runtime op ``op``'s effect: compute it with autograd, record the output."""
-        n = len(op.inputs)
+        inputs = op.inputs
+        n = len(inputs)
         arrays, params = args[:n], args[n:]
         op.check_output(out, *arrays, *params)
         pending: dict = {}
-        tensors = [self.read(a, f"{op.name} input {o.name!r}", o.differentiable, pending)
-                   for o, a in zip(op.inputs, arrays)]
+        tensors = [self.read(a, lambda o=o: f"{op.name} input {o.name!r}", o.dtype.kind == "f", pending)
+                   for o, a in zip(inputs, arrays)]
         self.record(out, op.differentiate(ad, *tensors, *params))
         for key, entry in pending.items():      # the call succeeded: its lenient constants are
             self.table.setdefault(key, entry)   # known now (unless the output overwrote one)

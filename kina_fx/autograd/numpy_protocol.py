@@ -12,6 +12,7 @@ raises a ``TypeError`` naming the function -- never a silently cut gradient.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 
 import numpy as np
@@ -70,17 +71,83 @@ def _raw_tree(v):
     return v
 
 
-def _call_rule(name, rule, args, kwargs):
-    if kwargs:
-        params = inspect.signature(rule).parameters
-        unknown = [k for k in kwargs if k not in params]
-        if any(kwargs[k] is not None for k in unknown):
-            bad = sorted(k for k in unknown if kwargs[k] is not None)
-            raise KinaTypeError(
-                f"numpy.{name}(..., {', '.join(k + '=...' for k in bad)}) on a Tensor: "
-                f"kina_fx.autograd.{rule.__name__} takes {inspect.signature(rule)}")
-        kwargs = {k: v for k, v in kwargs.items() if k in params}
-    return rule(*args, **kwargs)
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+#: The keywords every ufunc takes, at the values that change nothing.
+_UFUNC_DEFAULTS = {"where": True, "casting": "same_kind", "order": "K", "dtype": None,
+                   "subok": True, "signature": None}
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(fn):
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):     # ufuncs and builtins without one
+        return None
+
+
+def _is_default(value, default):
+    if value is default or value is None:
+        return True
+    return type(value) in (bool, str) and type(default) is type(value) and value == default
+
+
+def _unsupported(name, rule, keywords):
+    return KinaTypeError(
+        f"numpy.{name}(..., {', '.join(k + '=...' for k in sorted(keywords))}) on a Tensor: "
+        f"kina_fx.autograd.{rule.__name__} takes {inspect.signature(rule)}")
+
+
+def _call_rule(func, name, rule, args, kwargs):
+    """``rule`` called with what NumPy's ``func(*args, **kwargs)`` means.
+
+    The arguments are bound to NumPy's own signature, so a positional argument
+    means what it means in NumPy (``np.mean(t, 0, np.float32)``'s third one is
+    ``dtype``, not the rule's ``keepdims``), then passed to the rule by name:
+    a NumPy parameter the rule has by the same name, or one in the same
+    position under another name (``a`` for ``x``).  A NumPy parameter the rule
+    does not take is dropped at its default (None, or NumPy's default) and
+    refused otherwise: never silently ignored."""
+    nsig, rsig = _signature(func), _signature(rule)
+    if nsig is None:        # a ufunc: its inputs, then the keywords every ufunc has
+        unknown = {k for k, v in kwargs.items()
+                   if k not in rsig.parameters and not _is_default(v, _UFUNC_DEFAULTS.get(k))}
+        if unknown:
+            raise _unsupported(name, rule, unknown)
+        return rule(*args, **{k: v for k, v in kwargs.items() if k in rsig.parameters})
+    try:
+        bound = nsig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"numpy.{name}: {e}") from None
+    rparams = list(rsig.parameters.values())
+    rule_takes_any = any(p.kind is p.VAR_KEYWORD for p in rparams)
+    pos, kw, refused = [], {}, []
+    for i, p in enumerate(nsig.parameters.values()):
+        if p.name not in bound.arguments:
+            continue
+        value = bound.arguments[p.name]
+        if p.kind is p.VAR_POSITIONAL:
+            pos.extend(value)
+            continue
+        items = value.items() if p.kind is p.VAR_KEYWORD else [(p.name, value)]
+        for key, v in items:
+            if key in rsig.parameters or (p.kind is p.VAR_KEYWORD and rule_takes_any):
+                kw[key] = v
+            elif (p.kind in _POSITIONAL and i < len(rparams) and rparams[i].kind in _POSITIONAL
+                  and rparams[i].name not in nsig.parameters):
+                kw[rparams[i].name] = v         # the same slot under another name
+            elif not _is_default(v, p.default):
+                refused.append(key)
+    if refused:
+        raise _unsupported(name, rule, refused)
+    # leading parameters given by name go by position (public functions take
+    # their arrays positionally)
+    if not pos:
+        for p in rparams:
+            if p.kind not in _POSITIONAL or p.name not in kw:
+                break
+            pos.append(kw.pop(p.name))
+    return rule(*pos, **kw)
 
 
 def _array_ufunc(self, ufunc, method, *inputs, **kwargs):
@@ -91,7 +158,7 @@ def _array_ufunc(self, ufunc, method, *inputs, **kwargs):
                                 "immutable (no in-place operations)")
         rule = NUMPY_RULES.get(ufunc)
         if rule is not None:
-            return _call_rule(name, rule, inputs, kwargs)
+            return _call_rule(ufunc, name, rule, inputs, kwargs)
         if ufunc in NONDIFFERENTIABLE:
             return ufunc(*_raw_tree(inputs), **_raw_tree(kwargs))
     raise KinaTypeError(refusal_message(name))
@@ -100,7 +167,7 @@ def _array_ufunc(self, ufunc, method, *inputs, **kwargs):
 def _array_function(self, func, types, args, kwargs):
     rule = NUMPY_RULES.get(func)
     if rule is not None:
-        return _call_rule(func.__name__, rule, args, kwargs)
+        return _call_rule(func, func.__name__, rule, args, kwargs)
     if func in NONDIFFERENTIABLE:
         return func(*_raw_tree(args), **_raw_tree(kwargs))
     raise KinaTypeError(refusal_message(func.__name__))

@@ -27,9 +27,10 @@ from .. import gpu_ops
 from ..errors import UnimplementedError, ValidationError
 from .ops_math import abs as _abs
 from .ops_math import min as _min
-from .primitives import axis_param, norm_axes, numpy_rule, op, reshape, transpose, unbroadcast
-from .primitives import max as _max
-from .primitives import sum as _sum
+from .ops_core import max as _max
+from .ops_core import reshape, transpose
+from .ops_core import sum as _sum
+from .primitives import axis_param, norm_axes, numpy_rule, op, unbroadcast
 from .tensor import Tensor, _as_array, _raw, _shape, array_module, recordable
 
 __all__ = ["inv", "solve", "det", "logabsdet", "slogdet", "cholesky", "eigh", "eigvalsh",
@@ -75,17 +76,33 @@ def _lower_weights(like, n):
     return xp.tril(xp.ones((n, n), dtype=_dtype(rv))) - 0.5 * xp.eye(n, dtype=_dtype(rv))
 
 
-def _symmetric_from_lower(o, a):
+def _triangle_weights(like, n, uplo):
+    """``_lower_weights``, or their transpose for the upper triangle."""
+    w = _lower_weights(like, n)
+    return w if uplo == "L" else w.T
+
+
+def _symmetric_from(o, a, uplo="L"):
     """The symmetric matrix NumPy's cholesky and eigh read from ``a``: its
-    lower triangle, mirrored."""
-    return o.add(o.tril(a, 0), _mT(o, o.tril(a, -1)))
+    lower (``uplo='L'``) or upper triangle, mirrored."""
+    if uplo == "L":
+        return o.add(o.tril(a, 0), _mT(o, o.tril(a, -1)))
+    return o.add(o.triu(a, 0), _mT(o, o.triu(a, 1)))
 
 
-def _lower_gradient(o, grad):
+def _triangle_gradient(o, grad, uplo="L"):
     """The gradient with respect to ``a`` of a function of
-    ``_symmetric_from_lower(a)``, given ``grad`` with respect to that
-    matrix: both triangles' parts land on the lower one."""
-    return o.mul(o.add(grad, _mT(o, grad)), _lower_weights(grad, grad.shape[-1]))
+    ``_symmetric_from(a, uplo)``, given ``grad`` with respect to that
+    matrix: both triangles' parts land on the one that is read."""
+    n = grad.shape[-1]
+    return o.mul(o.add(grad, _mT(o, grad)), _triangle_weights(grad, n, uplo))
+
+
+def _symmetric_reference(np, a, uplo):
+    """``_symmetric_from`` in NumPy terms (HIPS autograd differentiates it)."""
+    if uplo == "L":
+        return np.tril(a) + np.swapaxes(np.tril(a, -1), -1, -2)
+    return np.triu(a) + np.swapaxes(np.triu(a, 1), -1, -2)
 
 
 def _col(o, v):
@@ -345,40 +362,69 @@ def _sample_spd(draw):
     return [np.tril(spd) + np.triu(draw.array(lead + (n, n)), 1)], {}
 
 
-def _cholesky_reference(np, a):
-    return np.linalg.cholesky(np.tril(a) + np.swapaxes(np.tril(a, -1), -1, -2))
-
-
 def _solve_lower_both_sides(o, lower, m):
     """``L^-1 m L^-T`` for symmetric ``m``."""
     x = o.solve(lower, m)
     return o.solve(lower, _mT(o, x))
 
 
-@op(numpy=np.linalg.cholesky, sample=_sample_spd, reference=_cholesky_reference)
+def _cholesky_vjp(o, g, lower):
+    # Murray (2016): S = L^-T Phi(L^T g) L^-1, Phi = lower triangle with half diagonal
+    n = lower.shape[-1]
+    phi = o.mul(o.matmul(_mT(o, lower), g), _lower_weights(g, n))
+    lower_t = _mT(o, lower)
+    s = _mT(o, o.solve(lower_t, _mT(o, o.solve(lower_t, phi))))
+    return _triangle_gradient(o, o.mul(o.add(s, _mT(o, s)), 0.5))
+
+
+def _cholesky_jvp(o, t, lower):
+    inner = _solve_lower_both_sides(o, lower, _symmetric_from(o, t))
+    return o.matmul(lower, o.mul(inner, _lower_weights(inner, lower.shape[-1])))
+
+
+def _sample_cholesky(draw):
+    args, _ = _sample_spd(draw)
+    upper = draw.choice([None, False, True])
+    if upper is None:
+        return args, {}
+    return [np.swapaxes(args[0], -1, -2).copy() if upper else args[0]], {"upper": upper}
+
+
+def _cholesky_reference(np, a, upper=False):
+    if upper:
+        return np.swapaxes(_cholesky_reference(np, np.swapaxes(a, -1, -2)), -1, -2)
+    return np.linalg.cholesky(_symmetric_reference(np, a, "L"))
+
+
+@op(numpy=np.linalg.cholesky, sample=_sample_cholesky, reference=_cholesky_reference)
 class cholesky:
     """The lower Cholesky factor ``L`` of each symmetric positive definite
-    matrix (``a = L @ L.T``).  As NumPy, only the lower triangle of ``a`` is
-    read, and the gradient is that of this function: it lies on the lower
-    triangle (JAX instead symmetrizes the input; pass ``(a + a.T) / 2`` for
-    its convention).  A matrix that is not positive definite is NumPy's
-    ``LinAlgError``; ``upper=True`` is refused."""
-    def kernel(a):
+    matrix (``a = L @ L.T``), or with ``upper=True`` the upper one ``U = L.T``
+    of the matrix read from the upper triangle.  As NumPy, only that triangle
+    of ``a`` is read, and the gradient is that of this function: it lies on
+    that triangle (JAX instead symmetrizes the input; pass ``(a + a.T) / 2``
+    for its convention).  A matrix that is not positive definite is NumPy's
+    ``LinAlgError``."""
+    def kernel(a, upper=False):
         _check_square("cholesky", a)
-        return array_module(a).linalg.cholesky(a)
+        xp = array_module(a)
+        if not upper:
+            return xp.linalg.cholesky(a)
+        # NumPy < 2 and CuPy have no upper=: U(a) = L(a^T)^T, the same factor
+        return xp.swapaxes(xp.linalg.cholesky(xp.swapaxes(a, -1, -2)), -1, -2)
 
-    def vjp_a(o, g, out, a):
-        # Murray (2016): S = L^-T Phi(L^T g) L^-1, Phi = lower triangle with half diagonal
-        n = out.shape[-1]
-        phi = o.mul(o.matmul(_mT(o, out), g), _lower_weights(g, n))
-        lower_t = _mT(o, out)
-        s = _mT(o, o.solve(lower_t, _mT(o, o.solve(lower_t, phi))))
-        return _lower_gradient(o, o.mul(o.add(s, _mT(o, s)), 0.5))
+    def prepare(a, upper=False):
+        return a, bool(upper)
 
-    def jvp_a(o, t, out, a):
-        m = _symmetric_from_lower(o, t)
-        inner = _solve_lower_both_sides(o, out, m)
-        return o.matmul(out, o.mul(inner, _lower_weights(inner, out.shape[-1])))
+    def vjp_a(o, g, out, a, upper):
+        if upper:
+            return _mT(o, _cholesky_vjp(o, _mT(o, g), _mT(o, out)))
+        return _cholesky_vjp(o, g, out)
+
+    def jvp_a(o, t, out, a, upper):
+        if upper:
+            return _mT(o, _cholesky_jvp(o, _mT(o, t), _mT(o, out)))
+        return _cholesky_jvp(o, t, out)
 
 
 # =====================================================================================
@@ -386,13 +432,25 @@ class cholesky:
 # =====================================================================================
 
 
+def _check_uplo(uplo):
+    if uplo not in ("L", "U"):
+        raise ValidationError(f"eigh: UPLO must be 'L' or 'U', not {uplo!r}")
+    return uplo
+
+
 def _sample_symmetric(draw):
+    """A symmetric matrix with well separated eigenvalues in the triangle
+    ``UPLO`` names, noise in the other (never read)."""
     n = draw.integers(1, 3)
     lead = draw.shape(max_dims=1, max_side=2)
     q = np.linalg.qr(draw.array(lead + (n, n)))[0]
     w = np.linspace(-1.0, 1.5, n) + 0.1 * draw.array(lead + (n,))
     sym = (q * w[..., None, :]) @ np.swapaxes(q, -1, -2)
-    return [np.tril(sym) + np.triu(draw.array(lead + (n, n)), 1)], {}
+    a = np.tril(sym) + np.triu(draw.array(lead + (n, n)), 1)
+    uplo = draw.choice(["L", "U", None])
+    if uplo is None:
+        return [a], {}
+    return [a if uplo == "L" else np.swapaxes(a, -1, -2).copy()], {"UPLO": uplo}
 
 
 def _eigh_parts(o, packed):
@@ -401,8 +459,13 @@ def _eigh_parts(o, packed):
     return w, v
 
 
-def _eigh_packed_reference(np, a):
-    w, v = np.linalg.eigh(np.tril(a) + np.swapaxes(np.tril(a, -1), -1, -2))
+def _eigh_reference(np, a, UPLO="L"):
+    # the same triangle as the kernel, so that LAPACK picks the same signs
+    return np.linalg.eigh(_symmetric_reference(np, a, UPLO), UPLO)
+
+
+def _eigh_packed_reference(np, a, UPLO="L"):
+    w, v = _eigh_reference(np, a, UPLO)
     return np.concatenate([w[..., None, :], v], -2)
 
 
@@ -410,17 +473,24 @@ def _eigh_packed_reference(np, a):
 class eigh_packed:
     """``eigh`` as one primitive: eigenvalues (row 0) and eigenvectors (rows
     1..n, as columns) of each symmetric matrix stacked in one ``(..., n + 1,
-    n)`` array.  Reads the lower triangle, as NumPy.  At repeated eigenvalues
+    n)`` array.  Reads the lower (``UPLO='L'``) or upper triangle, as NumPy,
+    and asks LAPACK for that very triangle: the eigenvectors' signs are
+    LAPACK's choice, and differ between the two.  At repeated eigenvalues
     the derivative exists only for cotangents (tangents) that do not couple
     the repeated eigenvectors, with equal eigenvalue cotangents; others raise
     a ValidationError."""
-    def kernel(a):
+    def kernel(a, UPLO):
         _check_square("eigh", a)
         xp = array_module(a)
-        w, v = xp.linalg.eigh(a)
+        w, v = xp.linalg.eigh(a, UPLO=UPLO)
         return xp.concatenate([w[..., None, :], v], -2)
 
-    def vjp_a(o, g, out, a):
+    def prepare(a, UPLO="L"):
+        a = _as_array(a)
+        _check_square("eigh", _raw(a))
+        return a, _check_uplo(UPLO)
+
+    def vjp_a(o, g, out, a, UPLO):
         w, v = _eigh_parts(o, out)
         gw, gv = _eigh_parts(o, g)
         repeated = _repeated(w)
@@ -432,12 +502,12 @@ class eigh_packed:
         coupling = o.matmul(_mT(o, v), gv)
         inner = o.add(o.mul(_rows(o, gw), _eye(w, w.shape[-1])),
                       o.mul(_inverse_gaps(o, w, repeated), coupling))
-        return _lower_gradient(o, o.matmul(v, o.matmul(inner, _mT(o, v))))
+        return _triangle_gradient(o, o.matmul(v, o.matmul(inner, _mT(o, v))), UPLO)
 
-    def jvp_a(o, t, out, a):
+    def jvp_a(o, t, out, a, UPLO):
         w, v = _eigh_parts(o, out)
         repeated = _repeated(w)
-        c = o.matmul(_mT(o, v), o.matmul(_symmetric_from_lower(o, t), v))
+        c = o.matmul(_mT(o, v), o.matmul(_symmetric_from(o, t, UPLO), v))
         dw = _diagonal_of(o, c)
         if repeated.any():   # defined only if the repeated eigenvalues move as one
             tol = _coupling_tolerance(c)
@@ -447,30 +517,20 @@ class eigh_packed:
         return o.concatenate([_rows(o, dw), dv], -2)
 
 
-def _uplo_input(a, UPLO):
-    if UPLO not in ("L", "U"):
-        raise ValidationError(f"eigh: UPLO must be 'L' or 'U', not {UPLO!r}")
-    a = _as_array(a)
-    _check_square("eigh", _raw(a))
-    return a if UPLO == "L" else _mT(recordable, a)
-
-
 @numpy_rule(np.linalg.eigh, sample=_sample_symmetric,
-            reference=lambda np, a: tuple(np.linalg.eigh(
-                np.tril(a) + np.swapaxes(np.tril(a, -1), -1, -2))))
+            reference=lambda np, a, UPLO="L": tuple(_eigh_reference(np, a, UPLO)))
 def eigh(a, UPLO="L"):
     """``(eigenvalues, eigenvectors)`` of each symmetric matrix, ascending, as
     NumPy's ``EighResult``: reads the lower (``UPLO='L'``) or upper triangle
     only, and differentiates that function.  Composed from ``eigh_packed``
     (see there for repeated eigenvalues)."""
-    packed = eigh_packed(_uplo_input(a, UPLO))
+    packed = eigh_packed(a, UPLO)
     w, v = _eigh_parts(recordable, packed)
     return EighResult(w, v)
 
 
 @numpy_rule(np.linalg.eigvalsh, sample=_sample_symmetric,
-            reference=lambda np, a: np.linalg.eigh(
-                np.tril(a) + np.swapaxes(np.tril(a, -1), -1, -2))[0])
+            reference=lambda np, a, UPLO="L": _eigh_reference(np, a, UPLO)[0])
 def eigvalsh(a, UPLO="L"):
     """The eigenvalues of each symmetric matrix, ascending: ``eigh(a)[0]``.
     The gradient exists at repeated eigenvalues only if their cotangents are

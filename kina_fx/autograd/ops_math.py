@@ -23,9 +23,10 @@ import numpy as np
 from .. import gpu_ops
 from ..errors import KinaTypeError, UnimplementedError, ValidationError
 from . import samples
-from .primitives import (axis_param, expand_back, norm_axes, numpy_rule, op, reshape,
+from .ops_core import mul as _mul
+from .ops_core import reshape
+from .primitives import (axis_param, expand_back, norm_axes, numpy_rule, op, reduction_prepare,
                          unbroadcast, xp_kernel)
-from .primitives import mul as _mul
 from .tensor import _as_array, _raw, _shape, array_module
 
 __all__ = [
@@ -69,11 +70,8 @@ class abs:
     autograd and PyTorch (JAX takes 1): the subgradient of least norm."""
     kernel = xp_kernel("abs")
 
-    def vjp_x(o, g, out, x):
-        return o.mul(g, _sign_of(x))
-
-    def jvp_x(o, t, out, x):
-        return o.mul(t, _sign_of(x))
+    def d_x(o, v, out, x):
+        return o.mul(v, _sign_of(x))
 
 
 @op(numpy=np.sqrt, elementwise=True, sample=samples.elementwise("positive"),
@@ -82,11 +80,8 @@ class sqrt:
     """Elementwise square root (its derivative at 0 is infinite)."""
     kernel = xp_kernel("sqrt")
 
-    def vjp_x(o, g, out, x):
-        return o.div(o.mul(g, 0.5), out)
-
-    def jvp_x(o, t, out, x):
-        return o.div(o.mul(t, 0.5), out)
+    def d_x(o, v, out, x):
+        return o.div(o.mul(v, 0.5), out)
 
 
 @op(numpy=np.square, elementwise=True, sample=samples.elementwise(),
@@ -95,11 +90,8 @@ class square:
     """Elementwise ``x * x``."""
     kernel = xp_kernel("square")
 
-    def vjp_x(o, g, out, x):
-        return o.mul(g, o.mul(x, 2.0))
-
-    def jvp_x(o, t, out, x):
-        return o.mul(t, o.mul(x, 2.0))
+    def d_x(o, v, out, x):
+        return o.mul(v, o.mul(x, 2.0))
 
 
 @op(numpy=np.sign, constant=("x",), sample=samples.elementwise("away_from_zero"),
@@ -129,11 +121,8 @@ class sin:
     """Elementwise sine."""
     kernel = xp_kernel("sin")
 
-    def vjp_x(o, g, out, x):
-        return o.mul(g, o.cos(x))
-
-    def jvp_x(o, t, out, x):
-        return o.mul(t, o.cos(x))
+    def d_x(o, v, out, x):
+        return o.mul(v, o.cos(x))
 
 
 @op(numpy=np.cos, elementwise=True, sample=samples.elementwise(),
@@ -142,11 +131,8 @@ class cos:
     """Elementwise cosine."""
     kernel = xp_kernel("cos")
 
-    def vjp_x(o, g, out, x):
-        return o.neg(o.mul(g, o.sin(x)))
-
-    def jvp_x(o, t, out, x):
-        return o.neg(o.mul(t, o.sin(x)))
+    def d_x(o, v, out, x):
+        return o.neg(o.mul(v, o.sin(x)))
 
 
 @op(numpy=np.tan, elementwise=True, sample=samples.elementwise("unit"),
@@ -155,11 +141,8 @@ class tan:
     """Elementwise tangent."""
     kernel = xp_kernel("tan")
 
-    def vjp_x(o, g, out, x):
-        return o.mul(g, o.add(1.0, o.mul(out, out)))
-
-    def jvp_x(o, t, out, x):
-        return o.mul(t, o.add(1.0, o.mul(out, out)))
+    def d_x(o, v, out, x):
+        return o.mul(v, o.add(1.0, o.mul(out, out)))
 
 
 @op(numpy=np.sinh, elementwise=True, sample=samples.elementwise(),
@@ -168,11 +151,8 @@ class sinh:
     """Elementwise hyperbolic sine."""
     kernel = xp_kernel("sinh")
 
-    def vjp_x(o, g, out, x):
-        return o.mul(g, o.cosh(x))
-
-    def jvp_x(o, t, out, x):
-        return o.mul(t, o.cosh(x))
+    def d_x(o, v, out, x):
+        return o.mul(v, o.cosh(x))
 
 
 @op(numpy=np.cosh, elementwise=True, sample=samples.elementwise(),
@@ -181,11 +161,8 @@ class cosh:
     """Elementwise hyperbolic cosine."""
     kernel = xp_kernel("cosh")
 
-    def vjp_x(o, g, out, x):
-        return o.mul(g, o.sinh(x))
-
-    def jvp_x(o, t, out, x):
-        return o.mul(t, o.sinh(x))
+    def d_x(o, v, out, x):
+        return o.mul(v, o.sinh(x))
 
 
 def _inv_sqrt_one_minus_square(o, x):
@@ -198,11 +175,8 @@ class arcsin:
     """Elementwise inverse sine, on ``[-1, 1]``."""
     kernel = xp_kernel("arcsin")
 
-    def vjp_x(o, g, out, x):
-        return o.mul(g, _inv_sqrt_one_minus_square(o, x))
-
-    def jvp_x(o, t, out, x):
-        return o.mul(t, _inv_sqrt_one_minus_square(o, x))
+    def d_x(o, v, out, x):
+        return o.mul(v, _inv_sqrt_one_minus_square(o, x))
 
 
 @op(numpy=np.arccos, elementwise=True, sample=samples.elementwise("unit"),
@@ -211,11 +185,8 @@ class arccos:
     """Elementwise inverse cosine, on ``[-1, 1]``."""
     kernel = xp_kernel("arccos")
 
-    def vjp_x(o, g, out, x):
-        return o.neg(o.mul(g, _inv_sqrt_one_minus_square(o, x)))
-
-    def jvp_x(o, t, out, x):
-        return o.neg(o.mul(t, _inv_sqrt_one_minus_square(o, x)))
+    def d_x(o, v, out, x):
+        return o.neg(o.mul(v, _inv_sqrt_one_minus_square(o, x)))
 
 
 @op(numpy=np.arctan, elementwise=True, sample=samples.elementwise(),
@@ -224,11 +195,8 @@ class arctan:
     """Elementwise inverse tangent."""
     kernel = xp_kernel("arctan")
 
-    def vjp_x(o, g, out, x):
-        return o.div(g, o.add(1.0, o.mul(x, x)))
-
-    def jvp_x(o, t, out, x):
-        return o.div(t, o.add(1.0, o.mul(x, x)))
+    def d_x(o, v, out, x):
+        return o.div(v, o.add(1.0, o.mul(x, x)))
 
 
 @op(numpy=np.arcsinh, elementwise=True, sample=samples.elementwise(),
@@ -237,11 +205,8 @@ class arcsinh:
     """Elementwise inverse hyperbolic sine."""
     kernel = xp_kernel("arcsinh")
 
-    def vjp_x(o, g, out, x):
-        return o.div(g, o.sqrt(o.add(o.mul(x, x), 1.0)))
-
-    def jvp_x(o, t, out, x):
-        return o.div(t, o.sqrt(o.add(o.mul(x, x), 1.0)))
+    def d_x(o, v, out, x):
+        return o.div(v, o.sqrt(o.add(o.mul(x, x), 1.0)))
 
 
 @op(numpy=np.arccosh, elementwise=True, sample=samples.elementwise("above_one"),
@@ -250,11 +215,8 @@ class arccosh:
     """Elementwise inverse hyperbolic cosine, on ``[1, inf)``."""
     kernel = xp_kernel("arccosh")
 
-    def vjp_x(o, g, out, x):
-        return o.div(g, o.sqrt(o.sub(o.mul(x, x), 1.0)))
-
-    def jvp_x(o, t, out, x):
-        return o.div(t, o.sqrt(o.sub(o.mul(x, x), 1.0)))
+    def d_x(o, v, out, x):
+        return o.div(v, o.sqrt(o.sub(o.mul(x, x), 1.0)))
 
 
 @op(numpy=np.arctanh, elementwise=True, sample=samples.elementwise("unit"),
@@ -263,11 +225,8 @@ class arctanh:
     """Elementwise inverse hyperbolic tangent, on ``(-1, 1)``."""
     kernel = xp_kernel("arctanh")
 
-    def vjp_x(o, g, out, x):
-        return o.div(g, o.sub(1.0, o.mul(x, x)))
-
-    def jvp_x(o, t, out, x):
-        return o.div(t, o.sub(1.0, o.mul(x, x)))
+    def d_x(o, v, out, x):
+        return o.div(v, o.sub(1.0, o.mul(x, x)))
 
 
 @op(numpy=np.log1p, elementwise=True, sample=samples.elementwise("unit"),
@@ -276,11 +235,8 @@ class log1p:
     """Elementwise ``log(1 + x)``, accurate for small ``x``."""
     kernel = xp_kernel("log1p")
 
-    def vjp_x(o, g, out, x):
-        return o.div(g, o.add(x, 1.0))
-
-    def jvp_x(o, t, out, x):
-        return o.div(t, o.add(x, 1.0))
+    def d_x(o, v, out, x):
+        return o.div(v, o.add(x, 1.0))
 
 
 @op(numpy=np.expm1, elementwise=True, sample=samples.elementwise(),
@@ -289,11 +245,8 @@ class expm1:
     """Elementwise ``exp(x) - 1``, accurate for small ``x``."""
     kernel = xp_kernel("expm1")
 
-    def vjp_x(o, g, out, x):
-        return o.mul(g, o.add(out, 1.0))
-
-    def jvp_x(o, t, out, x):
-        return o.mul(t, o.add(out, 1.0))
+    def d_x(o, v, out, x):
+        return o.mul(v, o.add(out, 1.0))
 
 
 @op(numpy=np.log2, elementwise=True, sample=samples.elementwise("positive"),
@@ -302,11 +255,8 @@ class log2:
     """Elementwise base-2 logarithm."""
     kernel = xp_kernel("log2")
 
-    def vjp_x(o, g, out, x):
-        return o.div(g, o.mul(x, _LN2))
-
-    def jvp_x(o, t, out, x):
-        return o.div(t, o.mul(x, _LN2))
+    def d_x(o, v, out, x):
+        return o.div(v, o.mul(x, _LN2))
 
 
 @op(numpy=np.log10, elementwise=True, sample=samples.elementwise("positive"),
@@ -315,11 +265,8 @@ class log10:
     """Elementwise base-10 logarithm."""
     kernel = xp_kernel("log10")
 
-    def vjp_x(o, g, out, x):
-        return o.div(g, o.mul(x, _LN10))
-
-    def jvp_x(o, t, out, x):
-        return o.div(t, o.mul(x, _LN10))
+    def d_x(o, v, out, x):
+        return o.div(v, o.mul(x, _LN10))
 
 
 @op(numpy=np.exp2, elementwise=True, sample=samples.elementwise(),
@@ -328,11 +275,8 @@ class exp2:
     """Elementwise ``2 ** x``."""
     kernel = xp_kernel("exp2")
 
-    def vjp_x(o, g, out, x):
-        return o.mul(g, o.mul(out, _LN2))
-
-    def jvp_x(o, t, out, x):
-        return o.mul(t, o.mul(out, _LN2))
+    def d_x(o, v, out, x):
+        return o.mul(v, o.mul(out, _LN2))
 
 
 # =====================================================================================
@@ -349,20 +293,14 @@ def _max_weight_of_a(a, b, out, larger):
 
 
 def _extremum_rules(larger):
-    """The rules of maximum (``larger``) and minimum: ``a``'s share of the
-    gradient is its weight, ``b``'s the rest."""
-    def vjp_a(o, g, out, a, b):
-        return unbroadcast(o, o.mul(g, _max_weight_of_a(a, b, out, larger)), _shape(a))
+    """The derivative rules of maximum (``larger``) and minimum: ``a``'s
+    share of the gradient is its weight, ``b``'s the rest."""
+    def d_a(o, v, out, a, b):
+        return o.mul(v, _max_weight_of_a(a, b, out, larger))
 
-    def vjp_b(o, g, out, a, b):
-        return unbroadcast(o, o.mul(g, 1.0 - _max_weight_of_a(a, b, out, larger)), _shape(b))
-
-    def jvp_a(o, t, out, a, b):
-        return o.mul(t, _max_weight_of_a(a, b, out, larger))
-
-    def jvp_b(o, t, out, a, b):
-        return o.mul(t, 1.0 - _max_weight_of_a(a, b, out, larger))
-    return vjp_a, vjp_b, jvp_a, jvp_b
+    def d_b(o, v, out, a, b):
+        return o.mul(v, 1.0 - _max_weight_of_a(a, b, out, larger))
+    return d_a, d_b
 
 
 @op(numpy=np.maximum, elementwise=True, sample=samples.elementwise("real", "real"),
@@ -373,7 +311,7 @@ class maximum:
     def kernel(a, b):
         return array_module(a, b).maximum(a, b)
 
-    vjp_a, vjp_b, jvp_a, jvp_b = _extremum_rules(larger=True)
+    d_a, d_b = _extremum_rules(larger=True)
 
 
 @op(numpy=np.minimum, elementwise=True, sample=samples.elementwise("real", "real"),
@@ -384,7 +322,7 @@ class minimum:
     def kernel(a, b):
         return array_module(a, b).minimum(a, b)
 
-    vjp_a, vjp_b, jvp_a, jvp_b = _extremum_rules(larger=False)
+    d_a, d_b = _extremum_rules(larger=False)
 
 
 def _floor_quotient(a, b):
@@ -401,17 +339,11 @@ class mod:
     def kernel(a, b):
         return array_module(a, b).remainder(a, b)
 
-    def vjp_a(o, g, out, a, b):
-        return unbroadcast(o, g, _shape(a))
+    def d_a(o, v, out, a, b):
+        return v
 
-    def vjp_b(o, g, out, a, b):
-        return unbroadcast(o, o.neg(o.mul(g, _floor_quotient(a, b))), _shape(b))
-
-    def jvp_a(o, t, out, a, b):
-        return t
-
-    def jvp_b(o, t, out, a, b):
-        return o.neg(o.mul(t, _floor_quotient(a, b)))
+    def d_b(o, v, out, a, b):
+        return o.neg(o.mul(v, _floor_quotient(a, b)))
 
 
 @op(numpy=np.logaddexp, elementwise=True, sample=samples.elementwise("real", "real"),
@@ -421,17 +353,11 @@ class logaddexp:
     def kernel(a, b):
         return array_module(a, b).logaddexp(a, b)
 
-    def vjp_a(o, g, out, a, b):
-        return unbroadcast(o, o.mul(g, o.exp(o.sub(a, out))), _shape(a))
+    def d_a(o, v, out, a, b):
+        return o.mul(v, o.exp(o.sub(a, out)))
 
-    def vjp_b(o, g, out, a, b):
-        return unbroadcast(o, o.mul(g, o.exp(o.sub(b, out))), _shape(b))
-
-    def jvp_a(o, t, out, a, b):
-        return o.mul(t, o.exp(o.sub(a, out)))
-
-    def jvp_b(o, t, out, a, b):
-        return o.mul(t, o.exp(o.sub(b, out)))
+    def d_b(o, v, out, a, b):
+        return o.mul(v, o.exp(o.sub(b, out)))
 
 
 def _radius_squared(o, y, x):
@@ -446,17 +372,11 @@ class arctan2:
     def kernel(y, x):
         return array_module(y, x).arctan2(y, x)
 
-    def vjp_y(o, g, out, y, x):
-        return unbroadcast(o, o.div(o.mul(g, x), _radius_squared(o, y, x)), _shape(y))
+    def d_y(o, v, out, y, x):
+        return o.div(o.mul(v, x), _radius_squared(o, y, x))
 
-    def vjp_x(o, g, out, y, x):
-        return unbroadcast(o, o.neg(o.div(o.mul(g, y), _radius_squared(o, y, x))), _shape(x))
-
-    def jvp_y(o, t, out, y, x):
-        return o.div(o.mul(t, x), _radius_squared(o, y, x))
-
-    def jvp_x(o, t, out, y, x):
-        return o.neg(o.div(o.mul(t, y), _radius_squared(o, y, x)))
+    def d_x(o, v, out, y, x):
+        return o.neg(o.div(o.mul(v, y), _radius_squared(o, y, x)))
 
 
 @op(numpy=np.hypot, elementwise=True, sample=samples.elementwise("away_from_zero", "real"),
@@ -467,26 +387,16 @@ class hypot:
     def kernel(a, b):
         return array_module(a, b).hypot(a, b)
 
-    def vjp_a(o, g, out, a, b):
-        return unbroadcast(o, o.div(o.mul(g, a), out), _shape(a))
+    def d_a(o, v, out, a, b):
+        return o.div(o.mul(v, a), out)
 
-    def vjp_b(o, g, out, a, b):
-        return unbroadcast(o, o.div(o.mul(g, b), out), _shape(b))
-
-    def jvp_a(o, t, out, a, b):
-        return o.div(o.mul(t, a), out)
-
-    def jvp_b(o, t, out, a, b):
-        return o.div(o.mul(t, b), out)
+    def d_b(o, v, out, a, b):
+        return o.div(o.mul(v, b), out)
 
 
 # =====================================================================================
 # Reductions
 # =====================================================================================
-
-
-def _reduction_prepare(x, axis=None, keepdims=False):
-    return x, axis_param(axis), bool(keepdims)
 
 
 def _count(shape, axis):
@@ -522,7 +432,7 @@ class min:
     def kernel(x, axis, keepdims):
         return array_module(x).min(x, axis=axis, keepdims=keepdims)
 
-    prepare = _reduction_prepare
+    prepare = reduction_prepare
 
     def vjp_x(o, g, out, x, axis, keepdims):
         return o.mul(expand_back(o, g, x.shape, axis, keepdims),
@@ -596,7 +506,7 @@ class prod:
     def kernel(x, axis, keepdims):
         return array_module(x).prod(x, axis=axis, keepdims=keepdims)
 
-    prepare = _reduction_prepare
+    prepare = reduction_prepare
 
     def vjp_x(o, g, out, x, axis, keepdims):
         return o.mul(expand_back(o, g, x.shape, axis, keepdims),
@@ -703,7 +613,7 @@ class logsumexp:
         r = xp.log(xp.sum(xp.exp(x - m), axis=axis, keepdims=True)) + m
         return r if keepdims else xp.squeeze(r, axis=axis)
 
-    prepare = _reduction_prepare
+    prepare = reduction_prepare
 
     def vjp_x(o, g, out, x, axis, keepdims):
         shape = x.shape
@@ -769,6 +679,12 @@ def _tensordot_axes(a, b, axes):
     return axes_a, axes_b
 
 
+def _as_operand(v):
+    """An operand whose shape the rules read: a Python scalar as a 0-d array."""
+    v = _as_array(v)
+    return v if hasattr(_raw(v), "shape") else np.asarray(v)
+
+
 def _to_order(o, v, source_axes):
     """``v`` (whose axis ``p`` is axis ``source_axes[p]`` of the target)
     transposed into the target's axis order."""
@@ -799,7 +715,7 @@ class tensordot:
         return array_module(a, b).tensordot(a, b, axes=axes)
 
     def prepare(a, b, axes=2):
-        a, b = _as_array(a), _as_array(b)
+        a, b = _as_operand(a), _as_operand(b)
         return a, b, _tensordot_axes(a, b, axes)
 
     def vjp_a(o, g, out, a, b, axes):

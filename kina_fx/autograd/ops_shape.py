@@ -5,7 +5,7 @@ composed of primitives where that is exact and simpler (its docstring says
 so: most of these are ``reshape``, ``transpose``, ``concatenate`` or
 ``getitem`` in disguise).  Every public name in ``__all__`` is re-exported by
 ``kina_fx.autograd``.  (``stack``, ``concatenate``, ``ravel``, ``squeeze``
-and ``array`` live in ``primitives.py`` and ``functions.py``.)
+and ``array`` live in ``ops_core.py`` and ``functions.py``.)
 """
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import numpy as _numpy      # references get ``np`` as a parameter; constants us
 
 from .. import gpu_ops
 from ..errors import KinaTypeError, UnimplementedError, ValidationError
-from .primitives import (axis_param, broadcast_to, concatenate, getitem, index_add, numpy_rule,
-                         op, reshape, transpose)
-from .primitives import sum as _sum
-from .tensor import Tensor, _as_array, _raw, _shape, array_module, is_traced
+from .ops_core import broadcast_to, concatenate, getitem, index_add, reshape, transpose
+from .ops_core import sum as _sum
+from .primitives import axis_param, numpy_rule, op
+from .tensor import Tensor, _as_array, _raw, _shape, array_module, as_sequence, is_traced
 
 __all__ = [
     "atleast_1d", "atleast_2d", "atleast_3d", "hstack", "vstack", "dstack", "column_stack",
@@ -119,9 +119,7 @@ def atleast_3d(*arys):
 
 
 def _sequence(name, tup):
-    if not isinstance(tup, (list, tuple)) or not tup:
-        raise ValidationError(f"{name} needs a non-empty sequence of arrays")
-    return [_as_array(x) for x in tup]
+    return [_as_array(x) for x in as_sequence(name, tup)]
 
 
 def _sample_hstack(draw):
@@ -611,10 +609,10 @@ def _sample_take_along_axis(draw):
 @numpy_rule(np.take_along_axis, sample=_sample_take_along_axis,
             reference=lambda np, x, indices, axis: _take_along_axis_reference(
                 np, x, indices, axis))
-def take_along_axis(x, indices, axis):
-    """Elements of ``x`` picked along ``axis`` by integer ``indices`` (None:
-    of the flattened ``x``), as NumPy; composed with ``getitem`` (repeated
-    indices accumulate their gradients)."""
+def take_along_axis(x, indices, axis=-1):
+    """Elements of ``x`` picked along ``axis`` (default: the last; None: of
+    the flattened ``x``) by integer ``indices``, as NumPy; composed with
+    ``getitem`` (repeated indices accumulate their gradients)."""
     x = _as_array(x)
     indices = array_module(_raw(x)).asarray(_raw(indices))
     if indices.dtype.kind not in "iu":

@@ -1,18 +1,19 @@
-"""The op registry, and the core ops.
+"""The op registry: the table of primitives and the decorator that fills it.
 
-An op is one block: a class body holding its kernel, its reverse-mode rule(s)
-and its forward-mode rule(s) side by side, registered with :func:`op`::
+An op is one block: a class body holding its kernel and its derivative
+rules side by side, registered with :func:`op`::
 
     @op(numpy=np.tanh, methods=("tanh",), elementwise=True,
         sample=samples.elementwise(), reference=lambda np, x: np.tanh(x))
     class tanh:
         "Elementwise hyperbolic tangent."
         kernel = xp_kernel("tanh")                      # or any def kernel(x): ...
-        def vjp_x(o, g, out, x):                        # cotangent of x
-            return o.mul(g, o.sub(1.0, o.mul(out, out)))
-        def jvp_x(o, t, out, x):                        # tangent of out from x's
-            return o.mul(t, o.sub(1.0, o.mul(out, out)))
+        def d_x(o, v, out, x):                          # v times d tanh(x)/dx
+            return o.mul(v, o.sub(1.0, o.mul(out, out)))
 
+An elementwise op's derivative is diagonal, hence its own transpose, so one
+``d_<input>`` rule gives both modes; other ops write their reverse-mode
+(``vjp_<input>``) and forward-mode (``jvp_<input>``) rules side by side.
 The decorator builds everything else from that block, so nothing is kept in
 step by hand: the :class:`Primitive` row of :data:`PRIMITIVES` (with its
 :class:`~kina_fx.handlers.Effect`, whose default runs the kernel), the public
@@ -23,28 +24,26 @@ two operation namespaces rules are written against (``o``:
 methods, and the NumPy functions that dispatch to the op on a Tensor
 (:data:`NUMPY_RULES`).  ``docs/autograd.md`` ("How to add an op") has the rules
 for writing a block; ``python -m kina_fx.autograd.optable`` prints the table.
+The core ops are in :mod:`.ops_core`, the others in ``ops_*.py``.
 """
 from __future__ import annotations
 
 import inspect
 from typing import Any, Callable
-import math
-import operator as _operator
 
 import numpy as np
 
 from .. import gpu_ops
-from ..errors import KinaTypeError, ValidationError
+from ..errors import ValidationError
 from ..handlers import Effect, perform
-from . import samples
-from .tensor import (Tensor, _as_array, _plain, _raw, _shape, array_module, is_traced,
+from .tensor import (Tensor, _as_array, _plain, _raw, _shape, array_module, as_sequence,
                      kernels, recordable)
 
 __all__ = ["op", "Primitive", "PRIMITIVES", "NUMPY_RULES", "COMPOSITES", "effect_of",
-           "numpy_rule", "xp_kernel", "registry_generation"]
+           "numpy_rule", "xp_kernel", "unwrapping", "registry_generation", "COMPLEX_REFUSAL",
+           "unbroadcast", "norm_axes", "axis_param", "expand_back", "reduction_prepare"]
 
 _ndarray = np.ndarray
-_pymax = max
 _pysum = sum
 
 #: name -> Primitive: the op table.
@@ -80,7 +79,7 @@ class Primitive:
     * ``effect``: performed as ``perform(effect, *arrays, *params)``; its
       default runs ``kernel``.
     * ``nin`` array inputs (for a ``sequence`` op: one input, a tuple of
-      arrays), then ``nparams`` static parameters.  ``diff[k]``: whether input
+      arrays), named ``inputs``, then ``nparams`` static parameters.  ``diff[k]``: whether input
       ``k`` is differentiable.
     * ``kernel(*arrays, *params)``: raw NumPy/CuPy arrays in, raw array out.
     * ``vjp_rules[k](o, g, out, *arrays, *params)``: the cotangent of input
@@ -95,7 +94,8 @@ class Primitive:
 
     __slots__ = ("name", "effect", "nin", "nparams", "diff", "kernel", "raw", "vjp_rules",
                  "jvp_rules", "vjp", "jvp", "elementwise", "sequence", "linear", "numpy",
-                 "operator", "methods", "sample", "reference", "public", "doc", "module")
+                 "operator", "methods", "sample", "reference", "public", "doc", "module",
+                 "inputs")
 
     def __repr__(self):
         return f"<Primitive {self.name}>"
@@ -122,52 +122,14 @@ def xp_kernel(name: str) -> Callable:
             return np_fn(x)
         return getattr(array_module(x), name)(x)
     kernel.__name__ = kernel.__qualname__ = f"{name}_kernel"
-    return _unwrapping(kernel)
+    return unwrapping(kernel)
 
 
-def _unwrapping(kernel):
+def unwrapping(kernel):
     """Mark a kernel that unwraps Tensors itself: it is its effect's default
     without a wrapper frame (the hottest kernels)."""
     setattr(kernel, "unwraps", True)
     return kernel
-
-
-# The arithmetic kernels spell the operator out (one bytecode, no call); NumPy
-# and CuPy arrays implement them.
-@_unwrapping
-def _add_kernel(a, b):
-    if a.__class__ is Tensor:
-        a = _raw(a)
-    if b.__class__ is Tensor:
-        b = _raw(b)
-    return a + b
-
-
-@_unwrapping
-def _sub_kernel(a, b):
-    if a.__class__ is Tensor:
-        a = _raw(a)
-    if b.__class__ is Tensor:
-        b = _raw(b)
-    return a - b
-
-
-@_unwrapping
-def _mul_kernel(a, b):
-    if a.__class__ is Tensor:
-        a = _raw(a)
-    if b.__class__ is Tensor:
-        b = _raw(b)
-    return a * b
-
-
-@_unwrapping
-def _div_kernel(a, b):
-    if a.__class__ is Tensor:
-        a = _raw(a)
-    if b.__class__ is Tensor:
-        b = _raw(b)
-    return a / b
 
 
 def _default_for(kernel, nin, sequence):
@@ -231,8 +193,18 @@ def _public_binary(eff):
 
 def _public_general(prim, prepare):
     eff, nin, sequence, name = prim.effect, prim.nin, prim.sequence, prim.name
+    inputs = prim.inputs
 
     def fn(*args, **kwargs):
+        if not sequence:
+            # lists where NumPy takes an array are arrays before prepare() reads
+            # their shapes (a list has none)
+            for a in args[:nin]:
+                if a.__class__ is list or a.__class__ is tuple:
+                    args = tuple(_as_array(a) for a in args[:nin]) + args[nin:]
+                    break
+            if kwargs:
+                kwargs = {k: _as_array(v) if k in inputs else v for k, v in kwargs.items()}
         if prepare is not None:
             args = prepare(*args, **kwargs)
         elif kwargs or len(args) != nin:
@@ -240,11 +212,7 @@ def _public_general(prim, prepare):
                             + (f" and keywords {sorted(kwargs)}" if kwargs else ""))
         traced = False
         if sequence:
-            xs = args[0]
-            if not isinstance(xs, (list, tuple)):
-                raise KinaTypeError(f"{name} takes a sequence of arrays, not "
-                                    f"{type(xs).__name__}")
-            xs = tuple(_as_array(x) for x in xs)
+            xs = tuple(_as_array(x) for x in as_sequence(name, args[0]))
             traced = any(x.__class__ is Tensor for x in xs)
             args = (xs,) + tuple(args[1:])
         else:
@@ -331,6 +299,31 @@ def _joint_jvp_sequence(rule):
     return jvp
 
 
+def _reverse_of(d, k, nin):
+    """The vjp of input ``k`` of an elementwise op from its derivative rule
+    ``d``: the derivative is diagonal (each output element depends on its
+    own input elements), so it is its own transpose: ``d`` applied to the
+    cotangent, summed over the axes input ``k`` was broadcast along."""
+    if nin == 1:
+        return d                          # nothing is broadcast
+    if nin == 2 and k == 0:
+        def vjp_a(o, g, out, a, b):
+            ct = d(o, g, out, a, b)
+            return ct if ct.shape == a.shape else unbroadcast(o, ct, a.shape)
+        return vjp_a
+    if nin == 2:
+        def vjp_b(o, g, out, a, b):
+            ct = d(o, g, out, a, b)
+            return ct if ct.shape == b.shape else unbroadcast(o, ct, b.shape)
+        return vjp_b
+
+    def vjp(o, g, out, *args):
+        ct = d(o, g, out, *args)
+        shape = _shape(args[k])
+        return ct if _shape(ct) == shape else unbroadcast(o, ct, shape)
+    return vjp
+
+
 def _zeros_like(x):
     v = _raw(x)
     return array_module(v).zeros(_shape(v), dtype=getattr(v, "dtype", np.float64))
@@ -379,6 +372,11 @@ def op(name: str | None = None, *, numpy: Any = (), operator: str | None = None,
     * ``jvp_<input>(o, t, out, *kernel_args)`` -- the output tangent's part
       from that input's tangent ``t``; or ``linear=True`` for an op linear in
       its one differentiable input (the jvp is the op applied to ``t``).
+    * ``d_<input>(o, v, out, *kernel_args)`` -- instead of both, for an
+      ``elementwise`` op: ``v`` times the partial derivative with respect to
+      that input, elementwise.  Such a derivative is diagonal, so it is its
+      own transpose: the jvp is ``d`` of the tangent, the vjp ``d`` of the
+      cotangent summed over the axes the input was broadcast along.
     * ``prepare(<public signature>) -> (*arrays, *params)`` -- required when
       the op has parameters: checks and normalises the public call (the public
       function has this signature; it must also accept the kernel's own
@@ -407,9 +405,17 @@ def op(name: str | None = None, *, numpy: Any = (), operator: str | None = None,
         if kernel is None:
             raise ValidationError(f"op {opname}: the block defines no kernel")
         params = list(inspect.signature(kernel).parameters)
-        rules = {k[4:]: v for k, v in body.items() if k.startswith(("vjp_", "jvp_"))}
         vjps = {k[4:]: v for k, v in body.items() if k.startswith("vjp_")}
         jvps = {k[4:]: v for k, v in body.items() if k.startswith("jvp_")}
+        derivs = {k[2:]: v for k, v in body.items() if k.startswith("d_")}
+        rules = set(vjps) | set(jvps) | set(derivs)
+        if derivs and not elementwise:
+            raise ValidationError(f"op {opname}: d_<input> rules are for elementwise ops "
+                                  "(elementwise=True): write vjp_<input> and jvp_<input>")
+        twice = set(derivs) & (set(vjps) | set(jvps))
+        if twice:
+            raise ValidationError(f"op {opname}: d_{sorted(twice)[0]} and a vjp_/jvp_ rule "
+                                  "for the same input")
         consts = set(_as_tuple(constant))
         inputs = []
         for p in params:
@@ -425,6 +431,10 @@ def op(name: str | None = None, *, numpy: Any = (), operator: str | None = None,
             raise ValidationError(f"op {opname}: no array inputs (give rules or constant=)")
         if sequence and len(inputs) != 1:
             raise ValidationError(f"op {opname}: a sequence op has one (sequence) input")
+        for k, name_k in enumerate(inputs):      # one derivative rule gives both modes
+            if name_k in derivs:
+                jvps[name_k] = derivs[name_k]
+                vjps[name_k] = _reverse_of(derivs[name_k], k, len(inputs))
         diff = tuple(p in vjps for p in inputs)
         ndiff = _pysum(diff)
         if linear and ndiff != 1:
@@ -444,6 +454,7 @@ def op(name: str | None = None, *, numpy: Any = (), operator: str | None = None,
         p.name = opname
         p.effect = Effect("kina_fx.autograd." + opname)
         p.nin, p.nparams, p.diff = nin, nparams, diff
+        p.inputs = tuple(inputs)
         p.kernel = kernel
         p.raw = raw if raw is not None else kernel
         p.elementwise, p.sequence, p.linear = bool(elementwise), bool(sequence), bool(linear)
@@ -560,6 +571,11 @@ def axis_param(axis):
     return tuple(int(a) for a in axis)
 
 
+def reduction_prepare(x, axis=None, keepdims=False):
+    """The ``prepare`` of a reduction ``f(x, axis=None, keepdims=False)``."""
+    return x, axis_param(axis), bool(keepdims)
+
+
 def expand_back(o, g, shape, axis, keepdims):
     """``g`` (a reduction's cotangent) broadcast back to the input ``shape``."""
     if not keepdims:
@@ -568,903 +584,6 @@ def expand_back(o, g, shape, axis, keepdims):
     return o.broadcast_to(g, shape)
 
 
-def _dtype_of(v):
-    return v.dtype if hasattr(v, "dtype") else np.asarray(v).dtype
-
-
-def _reference_onehot(labels, classes):
-    return (np.asarray(labels)[..., None] == np.arange(classes)).astype(np.float64)
-
-
-# =====================================================================================
-# The core ops.  Each block: kernel, reverse rule(s), forward rule(s), sample domain.
-# =====================================================================================
-
-# --- arithmetic -----------------------------------------------------------------------
-
-
-@op(numpy=np.add, operator="add", elementwise=True, raw=_operator.add,
-    sample=samples.elementwise("real", "real"), reference=lambda np, a, b: a + b)
-class add:
-    """``a + b`` with NumPy broadcasting; cotangents are summed over broadcast axes."""
-    kernel = _add_kernel
-
-    def vjp_a(o, g, out, a, b):
-        return g if g.shape == a.shape else unbroadcast(o, g, a.shape)
-
-    def vjp_b(o, g, out, a, b):
-        return g if g.shape == b.shape else unbroadcast(o, g, b.shape)
-
-    def jvp_a(o, t, out, a, b):
-        return t
-
-    def jvp_b(o, t, out, a, b):
-        return t
-
-
-@op(numpy=np.subtract, operator="sub", elementwise=True, raw=_operator.sub,
-    sample=samples.elementwise("real", "real"), reference=lambda np, a, b: a - b)
-class sub:
-    """``a - b`` with NumPy broadcasting."""
-    kernel = _sub_kernel
-
-    def vjp_a(o, g, out, a, b):
-        return g if g.shape == a.shape else unbroadcast(o, g, a.shape)
-
-    def vjp_b(o, g, out, a, b):
-        return unbroadcast(o, o.neg(g), b.shape)
-
-    def jvp_a(o, t, out, a, b):
-        return t
-
-    def jvp_b(o, t, out, a, b):
-        return o.neg(t)
-
-
-@op(numpy=np.multiply, operator="mul", elementwise=True, raw=_operator.mul,
-    sample=samples.elementwise("real", "real"), reference=lambda np, a, b: a * b)
-class mul:
-    """``a * b`` with NumPy broadcasting."""
-    kernel = _mul_kernel
-
-    def vjp_a(o, g, out, a, b):
-        ct = o.mul(g, b)
-        return ct if ct.shape == a.shape else unbroadcast(o, ct, a.shape)
-
-    def vjp_b(o, g, out, a, b):
-        ct = o.mul(g, a)
-        return ct if ct.shape == b.shape else unbroadcast(o, ct, b.shape)
-
-    def jvp_a(o, t, out, a, b):
-        return o.mul(t, b)
-
-    def jvp_b(o, t, out, a, b):
-        return o.mul(a, t)
-
-
-@op(numpy=(np.true_divide,), operator="truediv", elementwise=True, raw=_operator.truediv,
-    sample=samples.elementwise("real", "away_from_zero"), reference=lambda np, a, b: a / b)
-class div:
-    """``a / b`` with NumPy broadcasting."""
-    kernel = _div_kernel
-
-    def vjp_a(o, g, out, a, b):
-        return unbroadcast(o, o.div(g, b), a.shape)
-
-    def vjp_b(o, g, out, a, b):
-        return unbroadcast(o, o.neg(o.div(o.mul(g, out), b)), b.shape)
-
-    def jvp_a(o, t, out, a, b):
-        return o.div(t, b)
-
-    def jvp_b(o, t, out, a, b):
-        return o.neg(o.div(o.mul(t, out), b))
-
-
-def _pow_dx(o, x, p):
-    """d(x**p)/dx = p * x**(p-1), exact for p = 0, 1, 2, and 0 (not NaN) where
-    p == 0 even at x == 0 (as HIPS autograd and JAX)."""
-    if isinstance(p, (int, float)):
-        if p == 0:
-            return o.mul(x, 0.0)
-        if p == 1:
-            return o.add(o.mul(x, 0.0), 1.0)
-        if p == 2:
-            return o.mul(x, 2.0)
-        return o.mul(p, o.pow(x, p - 1))
-    return o.mul(p, o.pow(x, o.where(_raw(p) != 0, o.sub(p, 1.0), 1.0)))
-
-
-def _log_base(o, x):
-    """log(x) where x != 0, else 0: the factor of d(x**p)/dp, which is 0 (not
-    NaN) at x == 0 where x**p is 0 or 1 (HIPS autograd's and JAX's convention)."""
-    return o.log(o.where(_raw(x) == 0, 1.0, x))
-
-
-def _sample_pow(draw):
-    if draw.boolean():
-        return samples.elementwise("positive", "real")(draw)
-    shape = draw.shape()
-    return [draw.array(shape, "positive"), draw.choice([0, 1, 2, 3, -1, 0.5, 2.5])], {}
-
-
-@op(numpy=np.power, operator="pow", elementwise=True, raw=_operator.pow, sample=_sample_pow,
-    reference=lambda np, x, p: x ** p)
-class pow:
-    """``x ** p`` with NumPy broadcasting (``p`` may be traced too).  At
-    ``x == 0`` the derivative with respect to ``p`` is 0, as in HIPS autograd
-    and JAX."""
-    def kernel(x, p):
-        if x.__class__ is Tensor:
-            x = _raw(x)
-        if p.__class__ is Tensor:
-            p = _raw(p)
-        return x ** p
-    _unwrapping(kernel)
-
-    def vjp_x(o, g, out, x, p):
-        return unbroadcast(o, o.mul(g, _pow_dx(o, x, p)), _shape(x))
-
-    def vjp_p(o, g, out, x, p):
-        return unbroadcast(o, o.mul(o.mul(g, out), _log_base(o, x)), _shape(p))
-
-    def jvp_x(o, t, out, x, p):
-        return o.mul(t, _pow_dx(o, x, p))
-
-    def jvp_p(o, t, out, x, p):
-        return o.mul(o.mul(t, out), _log_base(o, x))
-
-
-@op(numpy=np.negative, operator="neg", elementwise=True, raw=_operator.neg, linear=True,
-    sample=samples.elementwise(), reference=lambda np, x: -x)
-class neg:
-    """``-x``."""
-    def kernel(x):
-        if x.__class__ is Tensor:
-            x = _raw(x)
-        return -x
-    _unwrapping(kernel)
-
-    def vjp_x(o, g, out, x):
-        return o.neg(g)
-
-
-# --- elementwise functions ---------------------------------------------------------------
-
-
-@op(numpy=np.exp, methods=("exp",), elementwise=True, sample=samples.elementwise(),
-    reference=lambda np, x: np.exp(x))
-class exp:
-    """Elementwise ``e**x``."""
-    kernel = xp_kernel("exp")
-
-    def vjp_x(o, g, out, x):
-        return o.mul(g, out)
-
-    def jvp_x(o, t, out, x):
-        return o.mul(t, out)
-
-
-@op(numpy=np.log, methods=("log",), elementwise=True, sample=samples.elementwise("positive"),
-    reference=lambda np, x: np.log(x))
-class log:
-    """Elementwise natural logarithm."""
-    kernel = xp_kernel("log")
-
-    def vjp_x(o, g, out, x):
-        return o.div(g, x)
-
-    def jvp_x(o, t, out, x):
-        return o.div(t, x)
-
-
-@op(numpy=np.tanh, methods=("tanh",), elementwise=True, sample=samples.elementwise(),
-    reference=lambda np, x: np.tanh(x))
-class tanh:
-    """Elementwise hyperbolic tangent."""
-    kernel = xp_kernel("tanh")
-
-    def vjp_x(o, g, out, x):
-        return o.mul(g, o.sub(1.0, o.mul(out, out)))
-
-    def jvp_x(o, t, out, x):
-        return o.mul(t, o.sub(1.0, o.mul(out, out)))
-
-
-@op(elementwise=True, sample=samples.elementwise(),
-    reference=lambda np, x: 1.0 / (1.0 + np.exp(-x)))
-class sigmoid:
-    """Elementwise logistic function ``1 / (1 + exp(-x))`` (the runtime's
-    kernel: SciPy's/CuPy's ``expit`` when installed)."""
-    def kernel(x):
-        if x.__class__ is Tensor:
-            x = _raw(x)
-        return gpu_ops.sigmoid(x)
-    _unwrapping(kernel)
-
-    def vjp_x(o, g, out, x):
-        return o.mul(g, o.mul(out, o.sub(1.0, out)))
-
-    def jvp_x(o, t, out, x):
-        return o.mul(t, o.mul(out, o.sub(1.0, out)))
-
-
-def _positive_mask(x):
-    # A constant at every level: the derivative of a mask is zero.
-    return _raw(x) > 0
-
-
-@op(elementwise=True, sample=samples.elementwise("away_from_zero"),
-    reference=lambda np, x: np.maximum(x, 0.0))
-class relu:
-    """Elementwise ``max(x, 0)`` (derivative 0 at 0)."""
-    def kernel(x):
-        if x.__class__ is Tensor:
-            x = _raw(x)
-        return (np if x.__class__ is _ndarray else array_module(x)).maximum(x, 0)
-    _unwrapping(kernel)
-
-    def vjp_x(o, g, out, x):
-        return o.mul(g, _positive_mask(x))
-
-    def jvp_x(o, t, out, x):
-        return o.mul(t, _positive_mask(x))
-
-
-@op(methods=("astype",), linear=True,
-    sample=lambda draw: ([draw.array(draw.shape())], {"dtype": np.float64}),
-    reference=lambda np, x, dtype: x)
-class cast:
-    """``x.astype(dtype)``; the cotangent is cast back to ``x``'s dtype.
-    Complex dtypes are refused for traced values (see "What kina_fx refuses")."""
-    def kernel(x, dtype):
-        return x.astype(dtype) if hasattr(x, "astype") else np.asarray(x, dtype=dtype)
-
-    def prepare(x, dtype):
-        dtype = np.dtype(dtype)
-        if dtype.kind == "c" and _is_traced(x):
-            raise KinaTypeError(COMPLEX_REFUSAL + " (cast to a complex dtype)")
-        return x, dtype
-
-    def vjp_x(o, g, out, x, dtype):
-        return o.cast(g, _dtype_of(x))
-
-
+#: The message of every refusal of complex numbers (casts, tapes).
 COMPLEX_REFUSAL = ("kina_fx.autograd does not differentiate complex numbers: use real and "
-                    "imaginary parts as separate real arrays")
-
-
-def _is_traced(v):
-    return is_traced(v)
-
-
-# --- linear algebra and reductions --------------------------------------------------
-
-
-def _swap_last(o, x):
-    nd = len(x.shape)
-    if nd < 2:
-        return x
-    return o.transpose(x, tuple(range(nd - 2)) + (nd - 1, nd - 2))
-
-
-def _sample_matmul(draw):
-    m, k, n = (draw.integers(1, 3) for _ in range(3))
-    case = draw.choice(["2d", "vec_mat", "mat_vec", "vec_vec", "batched"])
-    if case == "2d":
-        a, b = (m, k), (k, n)
-    elif case == "vec_mat":
-        a, b = (k,), (k, n)
-    elif case == "mat_vec":
-        a, b = (m, k), (k,)
-    elif case == "vec_vec":
-        a, b = (k,), (k,)
-    else:
-        batch = draw.broadcastable(2, min_dims=1, max_dims=2)
-        a, b = batch[0] + (m, k), batch[1] + (k, n)
-    return [draw.array(a), draw.array(b)], {}
-
-
-def _promote_for_matmul(o, g, a, b):
-    """``g``, ``a`` and ``b`` with 1-D operands promoted as NumPy does."""
-    if len(a.shape) == 1:
-        a = o.reshape(a, (1,) + a.shape)
-        g = o.reshape(g, g.shape[:-1] + (1,) + g.shape[-1:])
-    if len(b.shape) == 1:
-        b = o.reshape(b, b.shape + (1,))
-        g = o.reshape(g, g.shape + (1,))
-    return g, a, b
-
-
-@op(numpy=np.matmul, operator="matmul", sample=_sample_matmul,
-    reference=lambda np, a, b: np.matmul(a, b))
-class matmul:
-    """``a @ b`` with NumPy's rules (1-D operands, batched for rank >= 3).  A
-    scalar operand is a ValidationError (use ``mul``)."""
-    def kernel(a, b):
-        return gpu_ops.matmul(a, b)     # its shape rule, gpu_ops.matmul_shape, refuses scalars
-
-    def vjp_a(o, g, out, a, b):
-        a_shape = a.shape
-        g, a, b = _promote_for_matmul(o, g, a, b)
-        ga = o.matmul(g, _swap_last(o, b))
-        if ga.shape != a.shape:
-            ga = unbroadcast(o, ga, a.shape)
-        return ga if ga.shape == a_shape else o.reshape(ga, a_shape)
-
-    def vjp_b(o, g, out, a, b):
-        b_shape = b.shape
-        g, a, b = _promote_for_matmul(o, g, a, b)
-        gb = o.matmul(_swap_last(o, a), g)
-        if gb.shape != b.shape:
-            gb = unbroadcast(o, gb, b.shape)
-        return gb if gb.shape == b_shape else o.reshape(gb, b_shape)
-
-    def jvp_a(o, t, out, a, b):
-        return o.matmul(t, b)
-
-    def jvp_b(o, t, out, a, b):
-        return o.matmul(a, t)
-
-
-def _reduce_kernel(method, np_fn):
-    def kernel(x, axis, keepdims):
-        try:        # the array's own method: no Python-level NumPy wrapper
-            return getattr(x, method)(axis=axis, keepdims=keepdims)
-        except AttributeError:      # a Python scalar
-            return np_fn(x, axis=axis, keepdims=keepdims)
-    kernel.__name__ = kernel.__qualname__ = f"{method}_kernel"
-    return kernel
-
-
-def _reduction_prepare(x, axis=None, keepdims=False):
-    return x, axis_param(axis), bool(keepdims)
-
-
-@op(numpy=np.sum, methods=("sum",), linear=True, sample=samples.reduction(empty=True),
-    reference=lambda np, x, axis=None, keepdims=False: np.sum(x, axis=axis, keepdims=keepdims))
-class sum:
-    """Sum over ``axis`` (None: all; an int or a tuple, negative allowed)."""
-    kernel = _reduce_kernel("sum", np.sum)
-    prepare = _reduction_prepare
-
-    def vjp_x(o, g, out, x, axis, keepdims):
-        return expand_back(o, g, x.shape, axis, keepdims)
-
-
-def _count(shape, axis):
-    return math.prod(shape[i] for i in norm_axes(axis, len(shape)))
-
-
-@op(numpy=np.mean, methods=("mean",), linear=True, sample=samples.reduction(),
-    reference=lambda np, x, axis=None, keepdims=False: np.mean(x, axis=axis,
-                                                                keepdims=keepdims))
-class mean:
-    """Mean over ``axis`` (None: all; an int or a tuple, negative allowed)."""
-    kernel = _reduce_kernel("mean", np.mean)
-    prepare = _reduction_prepare
-
-    def vjp_x(o, g, out, x, axis, keepdims):
-        shape = x.shape
-        return o.div(expand_back(o, g, shape, axis, keepdims), _count(shape, axis))
-
-
-def _max_weights(x, out, axis, keepdims):
-    """Raw weights: 1/count on the arg-max positions, 0 elsewhere (a constant)."""
-    rx, ro = _raw(x), _raw(out)
-    xp = array_module(rx)
-    if not keepdims:
-        axes = norm_axes(axis, rx.ndim)
-        ro = xp.reshape(ro, tuple(1 if i in axes else s for i, s in enumerate(rx.shape)))
-    mask = (rx == ro).astype(rx.dtype)
-    return mask / mask.sum(axis=axis, keepdims=True)
-
-
-@op(numpy=(np.max, np.amax), methods=("max",), sample=samples.reduction(),
-    reference=lambda np, x, axis=None, keepdims=False: np.max(x, axis=axis, keepdims=keepdims))
-class max:
-    """Maximum over ``axis``; tied maxima share the gradient equally."""
-    kernel = _reduce_kernel("max", np.max)
-    prepare = _reduction_prepare
-
-    def vjp_x(o, g, out, x, axis, keepdims):
-        return o.mul(expand_back(o, g, x.shape, axis, keepdims),
-                     _max_weights(x, out, axis, keepdims))
-
-    def jvp_x(o, t, out, x, axis, keepdims):
-        return o.sum(o.mul(t, _max_weights(x, out, axis, keepdims)), axis, keepdims)
-
-
-# --- shapes ------------------------------------------------------------------------------
-
-
-def _sample_reshape(draw):
-    shape = draw.shape()
-    size = math.prod(shape)
-    target = draw.choice([(size,), (1, size), (size, 1), (-1,), (1, -1, 1)])
-    return [draw.array(shape)], {"shape": target}
-
-
-def _resolve_shape(x, shape):
-    if isinstance(shape, (int, np.integer)):
-        shape = (int(shape),)
-    shape = tuple(int(s) for s in shape)
-    if -1 in shape:
-        total = math.prod(_shape(_raw(x)))
-        known = math.prod(s for s in shape if s != -1)
-        shape = tuple(total // known if known and s == -1 else s for s in shape)
-    return shape
-
-
-@op(numpy=np.reshape, linear=True, sample=_sample_reshape,
-    reference=lambda np, x, shape: np.reshape(x, shape))
-class reshape:
-    """``x`` with a new shape (one ``-1`` allowed)."""
-    def kernel(x, shape):
-        try:
-            return x.reshape(shape)
-        except AttributeError:
-            return np.reshape(x, shape)
-
-    def prepare(x, shape):
-        return x, _resolve_shape(x, shape)
-
-    def vjp_x(o, g, out, x, shape):
-        return o.reshape(g, _shape(x))
-
-    def method(self, *shape):
-        """``t.reshape(2, 3)`` or ``t.reshape((2, 3))``."""
-        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
-            shape = shape[0]
-        return recordable.reshape(self, shape)
-
-
-def _sample_transpose(draw):
-    shape = draw.shape()
-    axes = None
-    if draw.boolean():
-        axes = tuple(draw.choice([list(p) for p in _permutations(len(shape))]))
-        axes = tuple(a - len(shape) if i % 2 else a for i, a in enumerate(axes))
-    return [draw.array(shape)], {"axes": axes}
-
-
-def _permutations(n):
-    import itertools
-    return list(itertools.permutations(range(n)))
-
-
-@op(numpy=np.transpose, linear=True, sample=_sample_transpose,
-    # HIPS autograd inverts negative axes wrongly: give it non-negative ones
-    reference=lambda np, x, axes=None: np.transpose(
-        x, None if axes is None else tuple(a % np.ndim(x) for a in axes)))
-class transpose:
-    """Permute axes (reverse them when ``axes`` is None)."""
-    def kernel(x, axes):
-        try:
-            return x.transpose(axes)
-        except AttributeError:
-            return np.transpose(x, axes)
-
-    def prepare(x, axes=None):
-        if axes is not None:
-            nd = len(_shape(_raw(x)))
-            axes = tuple(gpu_ops.normalize_axis(int(a), nd) for a in axes)
-        return x, axes
-
-    def vjp_x(o, g, out, x, axes):
-        return o.transpose(g, None if axes is None else tuple(np.argsort(axes)))
-
-    def method(self, *axes):
-        """``t.transpose()``, ``t.transpose(1, 0)`` or ``t.transpose((1, 0))``."""
-        if len(axes) == 1 and not isinstance(axes[0], (int, np.integer)):
-            axes = axes[0]
-        return recordable.transpose(self, axes or None)
-
-
-setattr(Tensor, "T", property(lambda self: recordable.transpose(self),
-                             doc="The transpose (axes reversed)."))
-
-
-def _sample_broadcast_to(draw):
-    src = draw.shape()
-    extra = draw.shape(max_dims=2)
-    target = extra + tuple(draw.integers(1, 3) if s == 1 else s for s in src)
-    return [draw.array(src)], {"shape": target}
-
-
-@op(numpy=np.broadcast_to, linear=True, sample=_sample_broadcast_to,
-    reference=lambda np, x, shape: np.broadcast_to(
-        np.reshape(x, (1,) * (len(shape) - np.ndim(x)) + np.shape(x)), shape))
-class broadcast_to:
-    """``x`` broadcast to ``shape``; the gradient sums over the broadcast axes."""
-    def kernel(x, shape):
-        return array_module(x).broadcast_to(x, shape)
-
-    def prepare(x, shape):
-        if isinstance(shape, (int, np.integer)):
-            shape = (int(shape),)
-        return x, tuple(int(s) for s in shape)
-
-    def vjp_x(o, g, out, x, shape):
-        return unbroadcast(o, g, _shape(x))
-
-
-# --- indexing -------------------------------------------------------------------------
-
-
-def _raw_index(index):
-    if isinstance(index, tuple):
-        return tuple(_raw(i) for i in index)
-    if isinstance(index, list):
-        return np.asarray([_raw(i) for i in index])
-    return _raw(index)
-
-
-def _sample_getitem(draw):
-    shape = draw.shape(min_dims=2, max_dims=3, min_side=2, max_side=4)
-    kind = draw.choice(["slice", "int", "fancy", "mixed", "newaxis", "bool"])
-    if kind == "slice":
-        index = (slice(1, None), slice(None, None, -1))
-    elif kind == "int":
-        index = -1
-    elif kind == "fancy":
-        index = draw.integer_array((5,), 0, shape[0] - 1)
-    elif kind == "mixed":
-        index = (Ellipsis, draw.integer_array((3,), 0, shape[-1] - 1))
-    elif kind == "newaxis":
-        index = (None, 0)
-    else:
-        index = draw.bool_array((shape[0],))
-    return [draw.array(shape), index], {}
-
-
-@op(methods=("__getitem__",), linear=True, sample=_sample_getitem,
-    reference=lambda np, x, index: x[index])
-class getitem:
-    """``x[index]`` with NumPy indexing (basic and advanced); its transpose is
-    ``index_add``."""
-    def kernel(x, index):
-        return x[index]
-
-    def prepare(x, index):
-        return x, _raw_index(index)
-
-    def vjp_x(o, g, out, x, index):
-        return o.index_add(g, index, _shape(x))
-
-
-def _sample_index_add(draw):
-    shape = draw.shape(min_dims=1)
-    index = draw.integer_array((draw.integers(1, 4),), 0, shape[0] - 1)
-    return [draw.array((len(index),) + shape[1:]), index, shape], {}
-
-
-@op(linear=True, sample=_sample_index_add)
-class index_add:
-    """zeros(``shape``) with ``g`` added at ``index`` (repeated indices
-    accumulate): the transpose of ``getitem``."""
-    def kernel(g, index, shape):
-        xp = array_module(g)
-        z = xp.zeros(shape, dtype=getattr(g, "dtype", None))
-        if xp is np:
-            np.add.at(z, index, g)
-        else:  # CuPy
-            import cupyx
-            cupyx.scatter_add(z, index, g)
-        return z
-
-    def prepare(g, index, shape):
-        return g, _raw_index(index), tuple(shape)
-
-    def vjp_g(o, ct, out, g, index, shape):
-        return o.getitem(ct, index)
-
-
-def _sample_gather(draw):
-    shape = draw.shape(min_dims=1)
-    idx = draw.integer_array(draw.shape(max_dims=2, max_side=4), 0, shape[0] - 1)
-    return [draw.array(shape), idx], {}
-
-
-@op(constant=("indices",), linear=True, sample=_sample_gather,
-    reference=lambda np, values, indices: values[indices])
-class gather:
-    """Rows of ``values`` picked by integer ``indices`` (shape ``indices.shape +
-    values.shape[1:]``), as the runtime ABI's gather: an index outside ``[0,
-    rows)`` is a ValidationError; repeated rows accumulate their gradients."""
-    def kernel(values, indices):
-        return gpu_ops.gather(values, indices)
-
-    def vjp_values(o, g, out, values, indices):
-        return o.index_add(g, _raw(indices), values.shape)
-
-
-# --- softmax and the loss ------------------------------------------------------------------
-
-
-def _softmax_reference(np, x, axis=-1):
-    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
-    return e / np.sum(e, axis=axis, keepdims=True)
-
-
-def _log_softmax_reference(np, x, axis=-1):
-    s = x - np.max(x, axis=axis, keepdims=True)
-    return s - np.log(np.sum(np.exp(s), axis=axis, keepdims=True))
-
-
-@op(sample=samples.along_axis(), reference=_softmax_reference)
-class softmax:
-    """Numerically stable softmax along ``axis``."""
-    def kernel(x, axis):
-        return gpu_ops.softmax(x, axis)
-
-    def prepare(x, axis=-1):
-        return x, int(axis)
-
-    def vjp_x(o, g, out, x, axis):
-        gy = o.mul(g, out)
-        return o.sub(gy, o.mul(out, o.sum(gy, axis, True)))
-
-    def jvp_x(o, t, out, x, axis):
-        ty = o.mul(t, out)
-        return o.sub(ty, o.mul(out, o.sum(ty, axis, True)))
-
-
-@op(sample=samples.along_axis(), reference=_log_softmax_reference)
-class log_softmax:
-    """Numerically stable log-softmax along ``axis``."""
-    def kernel(x, axis):
-        return gpu_ops.log_softmax(x, axis)
-
-    def prepare(x, axis=-1):
-        return x, int(axis)
-
-    def vjp_x(o, g, out, x, axis):
-        return o.sub(g, o.mul(o.exp(out), o.sum(g, axis, True)))
-
-    def jvp_x(o, t, out, x, axis):
-        return o.sub(t, o.sum(o.mul(o.exp(out), t), axis, True))
-
-
-def _one_hot(labels, like):
-    xp = array_module(like)
-    labels = xp.asarray(_raw(labels))
-    return (labels[..., None] == xp.arange(like.shape[-1])).astype(like.dtype)
-
-
-def _sample_cross_entropy(draw):
-    lead = draw.shape(max_dims=2, max_side=4)
-    classes = draw.integers(1, 5)
-    return [draw.array(lead + (classes,)), draw.integer_array(lead, 0, classes - 1)], {}
-
-
-def _cross_entropy_reference(np, logits, labels):
-    n = _pymax(1, math.prod(np.shape(labels)))
-    onehot = _reference_onehot(labels, np.shape(logits)[-1])
-    return -np.sum(_log_softmax_reference(np, logits) * onehot) / n
-
-
-@op(constant=("labels",), sample=_sample_cross_entropy, reference=_cross_entropy_reference)
-class cross_entropy:
-    """Mean over samples of ``-log_softmax(logits)[label]``: ``logits`` is
-    ``(..., classes)``, ``labels`` integer class indices in ``[0, classes)`` of
-    shape ``logits.shape[:-1]`` (float labels are a TypeError, out-of-range
-    ones a ValidationError)."""
-    def kernel(logits, labels):
-        xp = array_module(logits)
-        labels = xp.asarray(labels)
-        if labels.dtype.kind not in "iu":
-            raise KinaTypeError(
-                f"cross_entropy needs integer class labels, got dtype {labels.dtype} "
-                "(for probability targets use -sum(targets * log_softmax(logits)))")
-        if not _shape(logits):
-            raise ValidationError("cross_entropy needs logits of rank >= 1 (classes last)")
-        if labels.shape != logits.shape[:-1]:
-            raise ValidationError(
-                f"cross_entropy: labels of shape {labels.shape} for logits {logits.shape}")
-        return gpu_ops.cross_entropy(logits, labels)    # the runtime's kernel
-
-    def vjp_logits(o, g, out, logits, labels):
-        n = _pymax(1, math.prod(logits.shape[:-1]))
-        diff = o.sub(o.softmax(logits, -1), _one_hot(labels, _raw(logits)))
-        return o.mul(diff, o.div(g, n))
-
-    def jvp_logits(o, t, out, logits, labels):
-        n = _pymax(1, math.prod(logits.shape[:-1]))
-        diff = o.sub(o.softmax(logits, -1), _one_hot(labels, _raw(logits)))
-        return o.div(o.sum(o.mul(diff, t), None, False), n)
-
-
-def _sample_repeat_interleave(draw):
-    shape = draw.shape(min_dims=1)
-    axis = draw.choice([None] + list(range(-len(shape), len(shape))))
-    return [draw.array(shape), draw.integers(0, 3)], {"axis": axis}
-
-
-@op(numpy=(), linear=True, sample=_sample_repeat_interleave,
-    reference=lambda np, x, repeats, axis=None: np.repeat(
-        x, repeats, None if axis is None else axis % np.ndim(x)))
-class repeat_interleave:
-    """Each element repeated ``repeats`` times along ``axis``, PyTorch's
-    semantics: ``axis=None`` repeats the flattened array."""
-    def kernel(x, repeats, axis):
-        return gpu_ops.repeat_interleave(x, repeats, axis)
-
-    def prepare(x, repeats, axis=None):
-        try:
-            repeats = _operator.index(repeats)
-        except TypeError:
-            raise KinaTypeError(f"repeat_interleave: repeats must be an int, not "
-                                f"{type(repeats).__name__}") from None
-        if repeats < 0:
-            raise ValidationError(f"repeat_interleave: repeats must be >= 0, got {repeats}")
-        if axis is None:
-            return recordable.reshape(x, (-1,)), repeats, 0
-        return x, repeats, _operator.index(axis)
-
-    def vjp_x(o, g, out, x, repeats, axis):
-        shape = x.shape
-        ax = gpu_ops.normalize_axis(axis, len(shape))
-        g = o.reshape(g, shape[:ax] + (shape[ax], repeats) + shape[ax + 1:])
-        return o.sum(g, ax + 1, False)
-
-
-def _sample_where(draw):
-    c, a, b = draw.broadcastable(3)
-    return [draw.bool_array(c), draw.array(a), draw.array(b)], {}
-
-
-@op(numpy=np.where, constant=("cond",), elementwise=True, sample=_sample_where,
-    # HIPS autograd's own where does not undo broadcasting: the mask form does
-    reference=lambda np, cond, a, b: a * cond + b * (1.0 - cond))
-class where:
-    """``a`` where ``cond`` else ``b`` (broadcasting); ``cond`` gets no gradient."""
-    def kernel(cond, a, b):
-        return array_module(cond, a, b).where(cond, a, b)
-
-    def prepare(cond, a=None, b=None):
-        if a is None or b is None:
-            raise KinaTypeError("where(cond) with one argument (nonzero) is not "
-                                "differentiable: use numpy.nonzero(t.data)")
-        return cond, a, b
-
-    def vjp_a(o, g, out, cond, a, b):
-        return unbroadcast(o, o.where(_raw(cond), g, 0.0), _shape(a))
-
-    def vjp_b(o, g, out, cond, a, b):
-        return unbroadcast(o, o.where(_raw(cond), 0.0, g), _shape(b))
-
-    def jvp_a(o, t, out, cond, a, b):
-        return o.where(_raw(cond), t, 0.0)
-
-    def jvp_b(o, t, out, cond, a, b):
-        return o.where(_raw(cond), 0.0, t)
-
-
-@op(constant=("x",))
-class stop_gradient:
-    """``x`` as a constant for every enclosing ``grad``/``vjp``/``jvp``/``Tape``."""
-    def kernel(x):
-        return x
-
-
-# --- building arrays: stack, concatenate, clip -----------------------------------------------
-
-
-def _sample_stack(draw):
-    shape = draw.shape(max_dims=2)
-    n = draw.integers(1, 3)
-    return [[draw.array(shape) for _ in range(n)]], {
-        "axis": draw.integers(-len(shape) - 1, len(shape))}
-
-
-def _asarrays(xs):
-    xp = array_module(*xs)
-    return xp, [xp.asarray(x) for x in xs]
-
-
-@op(numpy=np.stack, sequence=True, linear=True, sample=_sample_stack,
-    reference=lambda np, xs, axis=0: np.stack(xs, axis))
-class stack:
-    """Arrays of one shape joined along a new ``axis``.  Lists of Tensors
-    passed where an array is expected are stacked with it."""
-    def kernel(xs, axis):
-        xp, arrays = _asarrays(xs)
-        return xp.stack(arrays, axis)
-
-    def prepare(xs, axis=0):
-        if not isinstance(xs, (list, tuple)) or not xs:
-            raise ValidationError("stack needs a non-empty sequence of arrays")
-        return xs, _operator.index(axis)
-
-    def vjp_xs(o, g, out, i, xs, axis):
-        ax = gpu_ops.normalize_axis(axis, len(out.shape))
-        return o.getitem(g, (slice(None),) * ax + (i,))
-
-
-def _sample_concatenate(draw):
-    base = draw.shape(min_dims=1, max_dims=3)
-    axis = draw.integers(-len(base), len(base) - 1)
-    ax = axis % len(base)
-    xs = []
-    for _ in range(draw.integers(1, 3)):
-        shape = base[:ax] + (draw.integers(0, 3),) + base[ax + 1:]
-        xs.append(draw.array(shape))
-    return [xs], {"axis": axis}
-
-
-@op(numpy=np.concatenate, sequence=True, linear=True, sample=_sample_concatenate,
-    reference=lambda np, xs, axis=0: np.concatenate(xs, axis))
-class concatenate:
-    """Arrays joined along an existing ``axis`` (None: flattened first)."""
-    def kernel(xs, axis):
-        xp, arrays = _asarrays(xs)
-        return xp.concatenate(arrays, axis)
-
-    def prepare(xs, axis=0):
-        if not isinstance(xs, (list, tuple)) or not xs:
-            raise ValidationError("concatenate needs a non-empty sequence of arrays")
-        if axis is None:
-            return [recordable.reshape(x, (-1,)) for x in xs], 0
-        return xs, _operator.index(axis)
-
-    def vjp_xs(o, g, out, i, xs, axis):
-        ax = gpu_ops.normalize_axis(axis, len(out.shape))
-        start = _pysum(_shape(x)[ax] for x in xs[:i])
-        stop = start + _shape(xs[i])[ax]
-        return o.getitem(g, (slice(None),) * ax + (slice(start, stop),))
-
-
-def _clip_masks(x, lo, hi):
-    """Raw masks of where ``minimum(maximum(x, lo), hi)`` takes each input."""
-    rx, rlo, rhi = _raw(x), _raw(lo), _raw(hi)
-    xp = array_module(rx, rlo, rhi)
-    m = xp.maximum(rx, rlo)
-    inside = m <= rhi
-    return (rx >= rlo) & inside, (rx < rlo) & inside, ~inside
-
-
-def _sample_clip(draw):
-    sx, slo, shi = draw.broadcastable(3)
-    x = draw.array(sx)
-    lo = draw.choice([None, -0.5, "array"])
-    hi = draw.choice([None, 0.7, "array"])
-    if lo == "array":
-        lo = np.asarray(draw.array(slo) - 0.6)
-    if hi == "array":
-        hi = np.asarray(draw.array(shi) + 0.8)
-    return [x, lo, hi], {}
-
-
-@op(numpy=np.clip, elementwise=True, sample=_sample_clip,
-    reference=lambda np, x, a_min=None, a_max=None: np.minimum(
-        np.maximum(x, -np.inf if a_min is None else a_min), np.inf if a_max is None else a_max))
-class clip:
-    """``minimum(maximum(x, a_min), a_max)`` (a bound may be None).  Each
-    output element's gradient goes to the input it was taken from (``x`` on
-    the boundary), so the bounds are differentiable too."""
-    def kernel(x, a_min, a_max):
-        return array_module(x, a_min, a_max).minimum(
-            array_module(x, a_min).maximum(x, a_min), a_max)
-
-    def prepare(x, a_min=None, a_max=None):
-        return (x, -math.inf if a_min is None else a_min,
-                math.inf if a_max is None else a_max)
-
-    def vjp_x(o, g, out, x, a_min, a_max):
-        return unbroadcast(o, o.mul(g, _clip_masks(x, a_min, a_max)[0]), _shape(x))
-
-    def vjp_a_min(o, g, out, x, a_min, a_max):
-        return unbroadcast(o, o.mul(g, _clip_masks(x, a_min, a_max)[1]), _shape(a_min))
-
-    def vjp_a_max(o, g, out, x, a_min, a_max):
-        return unbroadcast(o, o.mul(g, _clip_masks(x, a_min, a_max)[2]), _shape(a_max))
-
-    def jvp_x(o, t, out, x, a_min, a_max):
-        return o.mul(t, _clip_masks(x, a_min, a_max)[0])
-
-    def jvp_a_min(o, t, out, x, a_min, a_max):
-        return o.mul(t, _clip_masks(x, a_min, a_max)[1])
-
-    def jvp_a_max(o, t, out, x, a_min, a_max):
-        return o.mul(t, _clip_masks(x, a_min, a_max)[2])
+                   "imaginary parts as separate real arrays")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import gpu_ops
-from ..errors import KinaTypeError
+from ..errors import KinaTypeError, ValidationError
 
 array_module = gpu_ops.array_module
 _new = object.__new__
@@ -241,6 +241,22 @@ def _as_array(v):
             return np.asarray(v)
         return xp.stack([xp.asarray(_as_array(x)) for x in v])
     return recordable.stack([_as_array(x) for x in v], 0)
+
+
+def as_sequence(name: str, xs: Any) -> list:
+    """The arrays of a sequence argument (``stack``'s, ``vstack``'s, ...) as
+    NumPy takes it: a list or a tuple, or an array -- a Tensor too -- which
+    is the sequence of its rows (``xs[i]``: differentiable).  An empty one is
+    a ValidationError (NumPy's ValueError), anything else a KinaTypeError."""
+    if xs.__class__ is list or xs.__class__ is tuple:
+        items = list(xs)
+    elif len(_shape(_raw(xs))) >= 1:
+        items = [xs[i] for i in range(len(xs))]
+    else:
+        raise KinaTypeError(f"{name} takes a sequence of arrays, not {type(xs).__name__}")
+    if not items:
+        raise ValidationError(f"{name} needs a non-empty sequence of arrays")
+    return items
 
 
 class OpNamespace:

@@ -283,7 +283,7 @@ def _block(parts, out_shape, in_shape, axis):
     """Jacobian entries ``parts`` (one per element of the axis being swept)
     assembled differentiably into an array of shape ``out_shape + in_shape``."""
     from .functions import array
-    from .primitives import reshape, stack
+    from .ops_core import reshape, stack
     full = tuple(out_shape) + tuple(in_shape)
     if not parts:
         return np.zeros(full)

@@ -448,16 +448,6 @@ def _report_error(exc) -> int:
     return _onerror(type(exc), exc, exc.__traceback__)
 
 
-def set_fast_paths(on: bool) -> bool:
-    """Turn the C fast paths of the effects exports on or off (they are on once
-    the library is attached, with the compiled implementation in use); returns
-    whether they were on.  Off, every call takes the ``extern "Python"`` path:
-    what tests compare them with."""
-    if _speedups is None:
-        return False
-    return _speedups.set_c_abi_fast_paths(on)
-
-
 def attach(ffi, onerror) -> dict:
     """Remember the embedded module's ffi and kina_fx.ffi's error hook
     (``onerror(exc_type, exc, traceback) -> status``, the one cffi calls for
@@ -465,5 +455,4 @@ def attach(ffi, onerror) -> dict:
     global _ffi, _onerror
     _ffi = ffi
     _onerror = onerror
-    set_fast_paths(True)
     return CALLBACKS

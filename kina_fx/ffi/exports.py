@@ -139,8 +139,11 @@ ELEMENTS = {"float32": "f32", "float16": "f16", "int64": "i64", "int32": "i32"}
 def _op_row(op: RuntimeOp) -> Export:
     params = tuple(memref(o.name, ELEMENTS[o.dtype.name], "out" if i == 0 else "in")
                    for i, o in enumerate(op.operands))
+    # The C fast path (kina_fx/_speedups_c/op_calls.c) serves every op but
+    # those with a device ordinal to check.
     return Export(op.export, params + tuple(c(f"int32_t {p}") for p in op.params), op.seed,
-                  "memref", op.doc, callback=op_callback(op), module="kina_fx.ffi.ops", op=op)
+                  "memref", op.doc, callback=op_callback(op), module="kina_fx.ffi.ops",
+                  fast="device" not in op.params, op=op)
 
 
 def _memref_rows() -> list:
@@ -384,7 +387,17 @@ def exports_header() -> str:
              "#define KINA_EXPORTS(X) \\"]
     rows = [f"    X({'FAST' if row.fast else 'PYTHON'}, {row.name}, {row.callback}, "
             f"({row.c_parameters()}), ({row.c_arguments()}))" for row in PYTHON_EXPORTS]
-    return "\n".join(lines) + "\n" + " \\\n".join(rows) + "\n"
+    ops = ["/* The C fast paths of the runtime op rows marked FAST (kina_runtime.c expands",
+           " * them into kina__fast_<name>, which calls kina_fx/_speedups_c/op_calls.c):",
+           " *   O(exported name, row of the op table, (parameters), (memref operands),",
+           " *     (0, int32 parameters))   -- the leading 0 keeps the array non-empty. */",
+           "#define KINA_OP_FAST_PATHS(O) \\"]
+    op_rows = [f"    O({row.name}, {RUNTIME_OPS.index(row.op)}, ({row.c_parameters()}), "
+               f"({', '.join(p.name for p in row.params if p.memref)}), "
+               f"({', '.join(['0'] + [p.name for p in row.params if not p.memref])}))"
+               for row in PYTHON_EXPORTS if row.fast and row.op is not None]
+    return ("\n".join(lines) + "\n" + " \\\n".join(rows) + "\n\n" + "\n".join(ops) + "\n"
+            + " \\\n".join(op_rows) + "\n")
 
 
 def _marker(kind: str, section: str, fence: str = "c") -> str:

@@ -151,3 +151,17 @@ def _make_callback(op):
 #: conditions quiet: docs/abi.md).
 CALLBACKS = {op_callback(op): gpu_ops.quiet_fp(_make_callback(op)) for op in RUNTIME_OPS}
 
+
+def _cpu_selected() -> bool:
+    return gpu_ops.device() == "cpu"
+
+
+# What the C fast path of the op exports (kina_fx/_speedups_c/op_calls.c)
+# reads, with the compiled implementation: what the callbacks above do on the
+# CPU backend.  Per row of the op table, its effect and the ViewCache dict of
+# each memref operand (None: rows with a device ordinal to check stay on the
+# callbacks); and perform with quiet floating-point conditions.
+FAST_ROWS = tuple(None if "device" in op.params else
+                  (op.effect, tuple(_VIEWS[(o.dtype, i == 0)].views for i, o in enumerate(op.operands)))
+                  for op in RUNTIME_OPS)
+_fast_perform = gpu_ops.quiet_fp(perform)

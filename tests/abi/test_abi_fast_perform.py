@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 from kina_fx import Effect, Handler, Stepper, fibers, perform
+from kina_fx import ffi as kffi
 from kina_fx.ffi import effects as ffi_effects
 from kina_fx.errors import Status
 
@@ -33,15 +34,15 @@ OTHER = Effect("fast.other")
 @pytest.fixture(params=[pytest.param("fast", marks=pytest.mark.only_impl("compiled")), "slow"])
 def mode(request, kina):
     if request.param == "fast":
-        ffi_effects.set_fast_paths(True)
-        assert ffi_effects.set_fast_paths(True)
+        kffi.set_fast_paths(True)
+        assert kffi.set_fast_paths(True)
         yield "fast"
     else:
-        was = ffi_effects.set_fast_paths(False)
+        was = kffi.set_fast_paths(False)
         try:
             yield "slow"
         finally:
-            ffi_effects.set_fast_paths(was)
+            kffi.set_fast_paths(was)
 
 
 @pytest.fixture

@@ -86,9 +86,11 @@ def test_build_reads_the_table_through_the_preprocessor():
         ("FAST" if row.fast else "PYTHON", row.name, row.callback, f"({row.c_parameters()})",
          f"({row.c_arguments()})") for row in exports.PYTHON_EXPORTS]
     assert build.TYPES_CDEF == exports.CDEF_TYPES
+    # the effects ABI's C fast paths, and the runtime ops' (all but those with a device ordinal)
     assert {row.name for row in EXPORTS if row.fast} == {
         "kina_perform", "kina_resume_fiber", "kina_get_perform_id", "kina_get_perform_args",
-        "kina_fiber_state", "kina_fiber_result"}
+        "kina_fiber_state", "kina_fiber_result"} | {
+        op.export for op in RUNTIME_OPS if "device" not in op.params}
 
 
 def test_every_row_is_declared_once_and_callable_from_python():

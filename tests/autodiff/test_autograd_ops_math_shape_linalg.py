@@ -150,7 +150,7 @@ def _randn_like(rng, values):
 
 def test_every_breadth_op_has_a_sample_and_reference():
     # the issue's list, less what lives elsewhere (clip, stack, concatenate in
-    # primitives.py; ravel, squeeze, dot, array in functions.py)
+    # ops_core.py; ravel, squeeze, dot, array in functions.py)
     expected = {
         "abs", "sqrt", "square", "sign", "sin", "cos", "tan", "sinh", "cosh", "arcsin",
         "arccos", "arctan", "arcsinh", "arccosh", "arctanh", "log1p", "expm1", "log2", "log10",
@@ -545,6 +545,31 @@ def test_cholesky_and_eigh_read_the_lower_triangle_and_say_so_in_the_gradient():
     np.testing.assert_allclose(w, np.linalg.eigvalsh(sym))
     # the gradient of the trace (sum of eigenvalues) is the identity, at any spectrum
     np.testing.assert_allclose(ad.grad(lambda m: ad.sum(ad.eigvalsh(m)))(np.eye(3)), np.eye(3))
+
+
+@pytest.mark.parametrize("uplo", ["L", "U"])
+def test_eigh_with_either_triangle_is_numpys_function_and_its_derivative(uplo):
+    """eigh(a, UPLO) traced gives NumPy's values (the eigenvectors' signs are
+    LAPACK's for that triangle, so the kernel must ask LAPACK for that very
+    triangle) and the derivative of that function (issue 16: UPLO='U' gave
+    other signs, so the value and the gradient were of another function)."""
+    rng = np.random.RandomState(0)
+    a, c, t = rng.randn(3, 3), rng.randn(3, 3), rng.randn(3, 3)
+
+    def f(x):
+        return np.sum(np.linalg.eigh(x, uplo)[1] * c)
+    value, g = ad.value_and_grad(f)(a)
+    np.testing.assert_allclose(value, f(a), rtol=1e-12)
+    fd = (f(a + EPS * t) - f(a - EPS * t)) / (2 * EPS)
+    np.testing.assert_allclose(np.sum(g * t), fd, rtol=1e-6)
+    _, tangent = ad.jvp(f, (a,), (t,))
+    np.testing.assert_allclose(tangent, fd, rtol=1e-6)
+    # the gradient lies on the triangle that was read
+    unread = np.triu(np.ones((3, 3)), 1) if uplo == "L" else np.tril(np.ones((3, 3)), -1)
+    assert np.all(g[unread == 1] == 0.0)
+    w, v = ad.eigh(a, UPLO=uplo)
+    np.testing.assert_array_equal(v, np.linalg.eigh(a, UPLO=uplo)[1])
+    np.testing.assert_allclose(ad.eigvalsh(a, uplo), np.linalg.eigvalsh(a, uplo), rtol=1e-12)
 
 
 def test_repeated_eigenvalues_refuse_what_is_not_defined():

@@ -514,3 +514,48 @@ def test_fun_clause_that_declines_forwards_the_effect_outward():
     assert outer.run(MultiHandler(**clauses).run, body) == [42, 43]
     with pytest.raises(Unhandled):
         MultiHandler(**clauses).run(body)
+
+
+def test_exception_answered_inside_the_body_does_not_keep_an_inner_continuation():
+    # Found by the differential tests: the record kept the exception a clause
+    # of the body caught, and with its traceback the clause's frame and its k:
+    # the inner handler's body, dropped by that clause, was not aborted (its
+    # cleanup ran at collection, detached from the handlers: Unhandled).
+    events = []
+
+    def inner_clause(k, x):
+        try:
+            perform(Fail)                   # answered by the MultiHandler with Stop
+        except Stop:
+            return "inner caught Stop"      # k dropped: the inner body is aborted
+
+    def body():
+        try:
+            perform(Choose, ())
+        finally:
+            events.append(("finally", perform(Get)))
+
+    outer_kinds = [Handler, MultiHandler]
+    for outer in outer_kinds:
+        events.clear()
+        h = outer(on={Fail: lambda k: k.discontinue(Stop())}, fun={Get: lambda: "outer answers"})
+        events.append(h.run(Handler(on={Choose: inner_clause}).run, body))
+        assert events == [("finally", "outer answers"), "inner caught Stop"], outer
+
+
+def test_replays_raise_the_recorded_exceptions_again():
+    # Each later shot meets, at the same perform, an exception of the same
+    # class and arguments as the one the first run met.
+    seen = []
+
+    def body():
+        try:
+            perform(Fail)
+        except Stop as e:
+            seen.append(e.args)
+        return choose([1, 2])
+
+    h = MultiHandler(on={Fail: lambda k: k.discontinue(Stop("recorded")),
+                         Choose: lambda k, xs: [k.resume(x) for x in xs]})
+    assert h.run(body) == [1, 2]
+    assert seen == [("recorded",), ("recorded",)]

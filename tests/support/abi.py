@@ -176,26 +176,20 @@ class _ShapeOnly:
 
 def _huge_operands(op):
     """Float input shapes of 2^40+ elements, real integer inputs and int32
-    parameters of a valid call of runtime op ``op``."""
+    parameters of a valid call of runtime op ``op`` (parameters 0 unless
+    named here: axis 0, device 0, reduction code 0, root 0...)."""
     h = 1 << 40
     name = op.name
+    params = [1 if p == "reps" else 0 for p in op.params]
     if name == "matmul":
-        return [(1 << 20, 1 << 20), (1 << 20, 1 << 20)], {}, []
+        return [(1 << 20, 1 << 20), (1 << 20, 1 << 20)], {}, params
     if name == "gather":
-        return [(h, 1)], {1: np.array([0, 1], np.int64)}, []
+        return [(h, 1)], {1: np.array([0, 1], np.int64)}, params
     if name == "cross_entropy":
-        return [(2, h)], {1: np.array([0, 1], np.int64)}, []
+        return [(2, h)], {1: np.array([0, 1], np.int64)}, params
     if name == "transpose":
-        return [(h,)], {1: np.array([0], np.int64)}, []
-    if name in ("sum", "mean", "max"):
-        return [(h,)], {}, [0, 0]
-    if name in ("softmax", "log_softmax"):
-        return [(h,)], {}, [0]
-    if name == "repeat_interleave":
-        return [(h,)], {}, [0, 1]
-    if name.startswith("copy_to_device"):
-        return [(h,)], {}, [0]
-    return [(h,)] * len(op.inputs), {}, []
+        return [(h,)], {1: np.array([0], np.int64)}, params
+    return [(h,)] * len(op.inputs), {}, params
 
 
 def mismatched_huge_call(op, address):

@@ -69,6 +69,49 @@ class Draw:
         return self.rng.random(shape) > 0.5
 
 
+class RandomDraw(Draw):
+    """The same interface without hypothesis: every choice from a seeded NumPy
+    generator (many draws cheaply, no shrinking), for tests that survey what
+    a sample domain draws."""
+
+    def __init__(self, rng):
+        super().__init__(None, rng)
+
+    def shape(self, min_dims=0, max_dims=3, min_side=1, max_side=3):
+        ndim = self.integers(min_dims, max_dims)
+        return tuple(self.integers(min_side, max_side) for _ in range(ndim))
+
+    def broadcastable(self, n, min_dims=0, max_dims=3, min_side=1, max_side=3):
+        base = self.shape(min_dims, max_dims, min_side, max_side)
+        shapes = []
+        for _ in range(n):
+            shape = base[self.integers(0, len(base) - min_dims):]
+            shapes.append(tuple(1 if self.boolean() and self.boolean() else s for s in shape))
+        return shapes
+
+    def integers(self, lo, hi):
+        return int(self.rng.integers(lo, hi + 1))
+
+    def choice(self, options):
+        options = list(options)
+        return options[self.integers(0, len(options) - 1)]
+
+    def boolean(self):
+        return bool(self.rng.integers(0, 2))
+
+    def axis(self, ndim, multiple=True, none=True):
+        if ndim == 0:
+            return None
+        kinds = ["int"] + (["none"] if none else []) + (["tuple"] if multiple else [])
+        kind = self.choice(kinds)
+        if kind == "none":
+            return None
+        if kind == "int":
+            return self.integers(-ndim, ndim - 1)
+        axes = self.rng.permutation(ndim)[:self.integers(1, ndim)]
+        return tuple(int(a) - ndim if i % 2 else int(a) for i, a in enumerate(axes))
+
+
 def differentiable_leaves(args):
     """Positions of the float64 arrays among ``args`` (also inside a list in
     first position, for sequence ops): ``[(k, None) or (0, j)]``."""

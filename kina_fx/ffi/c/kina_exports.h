@@ -10,30 +10,30 @@
 #define KINA_EXPORTS(X) \
     X(PYTHON, _mlir_ciface_runtime_copy_to_device_f32, kina_py_runtime_copy_to_device_f32, (kina_unranked_memref_t *dst, kina_unranked_memref_t *src, int32_t device), (dst, src, device)) \
     X(PYTHON, _mlir_ciface_runtime_copy_to_device_f16, kina_py_runtime_copy_to_device_f16, (kina_unranked_memref_t *dst, kina_unranked_memref_t *src, int32_t device), (dst, src, device)) \
-    X(PYTHON, _mlir_ciface_runtime_copy_to_host_f32, kina_py_runtime_copy_to_host_f32, (kina_unranked_memref_t *dst, kina_unranked_memref_t *src), (dst, src)) \
-    X(PYTHON, _mlir_ciface_runtime_gpu_matmul_f32, kina_py_runtime_gpu_matmul_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b)) \
-    X(PYTHON, _mlir_ciface_runtime_gpu_gather_f32, kina_py_runtime_gpu_gather_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *values, kina_unranked_memref_t *indices), (out, values, indices)) \
-    X(PYTHON, _mlir_ciface_runtime_gpu_softmax_f32, kina_py_runtime_gpu_softmax_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis), (out, x, axis)) \
-    X(PYTHON, _mlir_ciface_runtime_gpu_repeat_interleave_f32, kina_py_runtime_gpu_repeat_interleave_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t reps), (out, x, axis, reps)) \
-    X(PYTHON, _mlir_ciface_runtime_neg_f32, kina_py_runtime_neg_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x)) \
-    X(PYTHON, _mlir_ciface_runtime_exp_f32, kina_py_runtime_exp_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x)) \
-    X(PYTHON, _mlir_ciface_runtime_log_f32, kina_py_runtime_log_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x)) \
-    X(PYTHON, _mlir_ciface_runtime_tanh_f32, kina_py_runtime_tanh_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x)) \
-    X(PYTHON, _mlir_ciface_runtime_sigmoid_f32, kina_py_runtime_sigmoid_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x)) \
-    X(PYTHON, _mlir_ciface_runtime_relu_f32, kina_py_runtime_relu_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x)) \
-    X(PYTHON, _mlir_ciface_runtime_add_f32, kina_py_runtime_add_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b)) \
-    X(PYTHON, _mlir_ciface_runtime_sub_f32, kina_py_runtime_sub_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b)) \
-    X(PYTHON, _mlir_ciface_runtime_mul_f32, kina_py_runtime_mul_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b)) \
-    X(PYTHON, _mlir_ciface_runtime_div_f32, kina_py_runtime_div_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b)) \
-    X(PYTHON, _mlir_ciface_runtime_pow_f32, kina_py_runtime_pow_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b)) \
-    X(PYTHON, _mlir_ciface_runtime_sum_f32, kina_py_runtime_sum_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t keepdims), (out, x, axis, keepdims)) \
-    X(PYTHON, _mlir_ciface_runtime_mean_f32, kina_py_runtime_mean_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t keepdims), (out, x, axis, keepdims)) \
-    X(PYTHON, _mlir_ciface_runtime_max_f32, kina_py_runtime_max_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t keepdims), (out, x, axis, keepdims)) \
-    X(PYTHON, _mlir_ciface_runtime_transpose_f32, kina_py_runtime_transpose_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, kina_unranked_memref_t *perm), (out, x, perm)) \
-    X(PYTHON, _mlir_ciface_runtime_log_softmax_f32, kina_py_runtime_log_softmax_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis), (out, x, axis)) \
-    X(PYTHON, _mlir_ciface_runtime_cross_entropy_f32, kina_py_runtime_cross_entropy_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *logits, kina_unranked_memref_t *labels), (out, logits, labels)) \
-    X(PYTHON, _mlir_ciface_runtime_all_reduce_f32, kina_py_runtime_all_reduce_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t op), (out, x, op)) \
-    X(PYTHON, _mlir_ciface_runtime_broadcast_f32, kina_py_runtime_broadcast_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t root), (out, x, root)) \
+    X(FAST, _mlir_ciface_runtime_copy_to_host_f32, kina_py_runtime_copy_to_host_f32, (kina_unranked_memref_t *dst, kina_unranked_memref_t *src), (dst, src)) \
+    X(FAST, _mlir_ciface_runtime_gpu_matmul_f32, kina_py_runtime_gpu_matmul_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b)) \
+    X(FAST, _mlir_ciface_runtime_gpu_gather_f32, kina_py_runtime_gpu_gather_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *values, kina_unranked_memref_t *indices), (out, values, indices)) \
+    X(FAST, _mlir_ciface_runtime_gpu_softmax_f32, kina_py_runtime_gpu_softmax_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis), (out, x, axis)) \
+    X(FAST, _mlir_ciface_runtime_gpu_repeat_interleave_f32, kina_py_runtime_gpu_repeat_interleave_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t reps), (out, x, axis, reps)) \
+    X(FAST, _mlir_ciface_runtime_neg_f32, kina_py_runtime_neg_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x)) \
+    X(FAST, _mlir_ciface_runtime_exp_f32, kina_py_runtime_exp_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x)) \
+    X(FAST, _mlir_ciface_runtime_log_f32, kina_py_runtime_log_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x)) \
+    X(FAST, _mlir_ciface_runtime_tanh_f32, kina_py_runtime_tanh_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x)) \
+    X(FAST, _mlir_ciface_runtime_sigmoid_f32, kina_py_runtime_sigmoid_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x)) \
+    X(FAST, _mlir_ciface_runtime_relu_f32, kina_py_runtime_relu_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x)) \
+    X(FAST, _mlir_ciface_runtime_add_f32, kina_py_runtime_add_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b)) \
+    X(FAST, _mlir_ciface_runtime_sub_f32, kina_py_runtime_sub_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b)) \
+    X(FAST, _mlir_ciface_runtime_mul_f32, kina_py_runtime_mul_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b)) \
+    X(FAST, _mlir_ciface_runtime_div_f32, kina_py_runtime_div_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b)) \
+    X(FAST, _mlir_ciface_runtime_pow_f32, kina_py_runtime_pow_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b)) \
+    X(FAST, _mlir_ciface_runtime_sum_f32, kina_py_runtime_sum_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t keepdims), (out, x, axis, keepdims)) \
+    X(FAST, _mlir_ciface_runtime_mean_f32, kina_py_runtime_mean_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t keepdims), (out, x, axis, keepdims)) \
+    X(FAST, _mlir_ciface_runtime_max_f32, kina_py_runtime_max_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t keepdims), (out, x, axis, keepdims)) \
+    X(FAST, _mlir_ciface_runtime_transpose_f32, kina_py_runtime_transpose_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, kina_unranked_memref_t *perm), (out, x, perm)) \
+    X(FAST, _mlir_ciface_runtime_log_softmax_f32, kina_py_runtime_log_softmax_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis), (out, x, axis)) \
+    X(FAST, _mlir_ciface_runtime_cross_entropy_f32, kina_py_runtime_cross_entropy_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *logits, kina_unranked_memref_t *labels), (out, logits, labels)) \
+    X(FAST, _mlir_ciface_runtime_all_reduce_f32, kina_py_runtime_all_reduce_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t op), (out, x, op)) \
+    X(FAST, _mlir_ciface_runtime_broadcast_f32, kina_py_runtime_broadcast_f32, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t root), (out, x, root)) \
     X(PYTHON, _mlir_ciface_runtime_gpu_alloc_unranked, kina_py_gpu_alloc_unranked, (kina_unranked_memref_t *memref, int32_t element_size), (memref, element_size)) \
     X(PYTHON, runtime_gpu_free_all, kina_py_gpu_free_all, (void), ()) \
     X(PYTHON, kina_effect_id, kina_py_effect_id, (const char *name, int32_t *out_id), (name, out_id)) \
@@ -67,3 +67,33 @@
     X(PYTHON, kina_distributed_size, kina_py_distributed_size, (int32_t *out_size), (out_size)) \
     X(PYTHON, kina_distributed_barrier, kina_py_distributed_barrier, (void), ()) \
     X(PYTHON, kina_distributed_abort, kina_py_distributed_abort, (int32_t code), (code))
+
+/* The C fast paths of the runtime op rows marked FAST (kina_runtime.c expands
+ * them into kina__fast_<name>, which calls kina_fx/_speedups_c/op_calls.c):
+ *   O(exported name, row of the op table, (parameters), (memref operands),
+ *     (0, int32 parameters))   -- the leading 0 keeps the array non-empty. */
+#define KINA_OP_FAST_PATHS(O) \
+    O(_mlir_ciface_runtime_copy_to_host_f32, 2, (kina_unranked_memref_t *dst, kina_unranked_memref_t *src), (dst, src), (0)) \
+    O(_mlir_ciface_runtime_gpu_matmul_f32, 3, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b), (0)) \
+    O(_mlir_ciface_runtime_gpu_gather_f32, 4, (kina_unranked_memref_t *out, kina_unranked_memref_t *values, kina_unranked_memref_t *indices), (out, values, indices), (0)) \
+    O(_mlir_ciface_runtime_gpu_softmax_f32, 5, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis), (out, x), (0, axis)) \
+    O(_mlir_ciface_runtime_gpu_repeat_interleave_f32, 6, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t reps), (out, x), (0, axis, reps)) \
+    O(_mlir_ciface_runtime_neg_f32, 7, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x), (0)) \
+    O(_mlir_ciface_runtime_exp_f32, 8, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x), (0)) \
+    O(_mlir_ciface_runtime_log_f32, 9, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x), (0)) \
+    O(_mlir_ciface_runtime_tanh_f32, 10, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x), (0)) \
+    O(_mlir_ciface_runtime_sigmoid_f32, 11, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x), (0)) \
+    O(_mlir_ciface_runtime_relu_f32, 12, (kina_unranked_memref_t *out, kina_unranked_memref_t *x), (out, x), (0)) \
+    O(_mlir_ciface_runtime_add_f32, 13, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b), (0)) \
+    O(_mlir_ciface_runtime_sub_f32, 14, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b), (0)) \
+    O(_mlir_ciface_runtime_mul_f32, 15, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b), (0)) \
+    O(_mlir_ciface_runtime_div_f32, 16, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b), (0)) \
+    O(_mlir_ciface_runtime_pow_f32, 17, (kina_unranked_memref_t *out, kina_unranked_memref_t *a, kina_unranked_memref_t *b), (out, a, b), (0)) \
+    O(_mlir_ciface_runtime_sum_f32, 18, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t keepdims), (out, x), (0, axis, keepdims)) \
+    O(_mlir_ciface_runtime_mean_f32, 19, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t keepdims), (out, x), (0, axis, keepdims)) \
+    O(_mlir_ciface_runtime_max_f32, 20, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis, int32_t keepdims), (out, x), (0, axis, keepdims)) \
+    O(_mlir_ciface_runtime_transpose_f32, 21, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, kina_unranked_memref_t *perm), (out, x, perm), (0)) \
+    O(_mlir_ciface_runtime_log_softmax_f32, 22, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t axis), (out, x), (0, axis)) \
+    O(_mlir_ciface_runtime_cross_entropy_f32, 23, (kina_unranked_memref_t *out, kina_unranked_memref_t *logits, kina_unranked_memref_t *labels), (out, logits, labels), (0)) \
+    O(_mlir_ciface_runtime_all_reduce_f32, 24, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t op), (out, x), (0, op)) \
+    O(_mlir_ciface_runtime_broadcast_f32, 25, (kina_unranked_memref_t *out, kina_unranked_memref_t *x, int32_t root), (out, x), (0, root))

@@ -330,6 +330,25 @@ static int kina__fast_kina_fiber_result(kina_fiber_t fiber, int64_t *out_value, 
     KINA__FAST_PATH(kina_fiber_result, fiber_result(fiber, out_value, status))
 }
 
+/* A runtime op row's fast path: kina_fx._speedups (op_calls.c) performs the
+ * op's effect from C when it has the operands' views cached (CPU backend). */
+static int kina__fast_runtime_op(int32_t row, void *const *memrefs, int32_t nmem,
+                                 const int32_t *params, int32_t nparams, int32_t *status)
+{
+    KINA__FAST_PATH(runtime_op, runtime_op(row, memrefs, nmem, params, nparams, status))
+}
+
+#define KINA__LIST(...) __VA_ARGS__
+#define KINA_DEFINE_OP_FAST(name, row, params, memrefs, ints)                              \
+    static int kina__fast_##name(KINA__LIST params, int32_t *status)                       \
+    {                                                                                      \
+        void *const memrefs_[] = {KINA__LIST memrefs};                                     \
+        const int32_t ints_[] = {KINA__LIST ints};                                         \
+        return kina__fast_runtime_op(row, memrefs_, (int32_t)(sizeof memrefs_ / sizeof *memrefs_), \
+                                     ints_ + 1, (int32_t)(sizeof ints_ / sizeof *ints_) - 1, status); \
+    }
+KINA_OP_FAST_PATHS(KINA_DEFINE_OP_FAST)
+
 /* Before an extern "Python" callback: a C handler that the fast paths called
  * without the GIL may be calling back; its skip marker must be in place
  * before Python code looks at the handler stack (_speedups_c/nogil.c). */

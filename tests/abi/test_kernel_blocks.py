@@ -1,0 +1,207 @@
+"""The kernels' blocked, multi-threaded path (kina_fx.kernel_threads) against their one-call path.
+
+Large NumPy operands are cut into row blocks spread over a thread pool.  Here
+the thresholds are lowered so that small generated arrays take that path with
+many blocks on several threads, and every result is compared with the same
+kernel run as one call (and with a float64 reference where the formula
+changed).  Also: overlapping outputs, the caller's floating-point error state
+in the workers, an exception in a worker, and a forked child.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from kina_fx import gpu_ops, kernel_threads
+
+# The fixture only sets thresholds, the same for every example.
+SETTINGS = dict(deadline=None, max_examples=25, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture
+def blocked(monkeypatch):
+    """Every array of 2+ elements takes the blocked path, in blocks of a few rows, on 3 threads."""
+    monkeypatch.setattr(kernel_threads, "PARALLEL_MIN_ELEMENTS", 2)
+    monkeypatch.setattr(kernel_threads, "BLOCK_BYTES", 64)
+    monkeypatch.setenv("KINA_FX_THREADS", "3")
+
+
+def one_call(fn, *args, **kwargs):
+    saved = kernel_threads.PARALLEL_MIN_ELEMENTS
+    kernel_threads.PARALLEL_MIN_ELEMENTS = 1 << 62
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        kernel_threads.PARALLEL_MIN_ELEMENTS = saved
+
+
+shapes = st.lists(st.integers(1, 9), min_size=1, max_size=3).map(tuple)
+
+
+def arrays(shape, seed, dtype=np.float32):
+    return (np.random.default_rng(seed).standard_normal(shape) * 4).astype(dtype)
+
+
+def reference_log_softmax(x, axis):
+    x = x.astype(np.float64)
+    s = x - x.max(axis=axis, keepdims=True)
+    return s - np.log(np.exp(s).sum(axis=axis, keepdims=True))
+
+
+@settings(**SETTINGS)
+@given(shape=shapes, seed=st.integers(0, 2**16), data=st.data())
+def test_softmax_and_log_softmax_blocks_match_one_call(blocked, shape, seed, data):
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    x = arrays(shape, seed)
+    for fn in (gpu_ops.softmax, gpu_ops.log_softmax):
+        expected = one_call(fn, x, axis)
+        got = fn(x, axis)
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+        out = np.full_like(x, np.nan)
+        assert fn(x, axis, out) is out
+        np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(gpu_ops.log_softmax(x, axis), reference_log_softmax(x, axis),
+                               rtol=1e-5, atol=1e-5)
+
+
+@settings(**SETTINGS)
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=3).map(tuple), seed=st.integers(0, 2**16))
+def test_cross_entropy_blocks_match_the_reference(blocked, shape, seed):
+    logits = arrays(shape, seed)
+    labels = np.random.default_rng(seed + 1).integers(0, shape[-1], shape[:-1])
+    picked = np.take_along_axis(reference_log_softmax(logits, -1).reshape(-1, shape[-1]),
+                                labels.reshape(-1, 1), axis=1)
+    expected = -picked.mean()
+    got = gpu_ops.cross_entropy(logits, labels)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, one_call(gpu_ops.cross_entropy, logits, labels), rtol=1e-6)
+    out = np.zeros((), np.float32)
+    gpu_ops.cross_entropy(logits, labels, out)
+    assert out == got
+
+
+UNARY = ["exp", "tanh", "sigmoid", "relu", "neg", "log"]
+BINARY = ["add", "sub", "mul", "div", "power"]
+
+
+@settings(**SETTINGS)
+@given(shape=shapes, seed=st.integers(0, 2**16), name=st.sampled_from(UNARY))
+def test_elementwise_blocks_are_bitwise_the_one_call_result(blocked, shape, seed, name):
+    x = arrays(shape, seed)
+    if name == "log":
+        x = np.abs(x) + np.float32(0.1)
+    fn = getattr(gpu_ops, name)
+    expected = one_call(fn, x)
+    np.testing.assert_array_equal(fn(x), expected)
+    out = np.empty_like(x)
+    fn(x, out)
+    np.testing.assert_array_equal(out, expected)
+    fn(x, x)                                   # in place
+    np.testing.assert_array_equal(x, expected)
+
+
+@settings(**SETTINGS)
+@given(shape=shapes, seed=st.integers(0, 2**16), name=st.sampled_from(BINARY), data=st.data())
+def test_binary_blocks_broadcast_as_one_call(blocked, shape, seed, name, data):
+    # the other operand: the same shape, a suffix of it, or ones in some dimensions
+    other = tuple(data.draw(st.sampled_from([n, 1])) for n in shape)[data.draw(st.integers(0, len(shape))):]
+    a, b = arrays(shape, seed), arrays(other, seed + 1)
+    if name in ("power", "div"):
+        a, b = np.abs(a) + np.float32(0.5), np.abs(b) + np.float32(0.5)
+    if data.draw(st.booleans()):
+        a, b = b, a
+    fn = getattr(gpu_ops, name)
+    expected = one_call(fn, a, b)
+    np.testing.assert_array_equal(fn(a, b), expected)
+    out = np.empty(np.broadcast_shapes(a.shape, b.shape), np.float32)
+    fn(a, b, out)
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "exp", "add"])
+def test_an_output_overlapping_its_input_gets_the_values_of_a_copy(blocked, name):
+    buf = arrays((41, 7), 3)
+    src = buf[1:].copy()
+    fn = getattr(gpu_ops, name)
+    args = (src, 1) if "softmax" in name else (src, src) if name == "add" else (src,)
+    expected = one_call(fn, *args)
+    args = (buf[1:], 1) if "softmax" in name else (buf[1:], buf[1:]) if name == "add" else (buf[1:],)
+    fn(*args, out=buf[:-1])
+    np.testing.assert_allclose(buf[:-1], expected, rtol=1e-6, atol=1e-7)
+
+
+def test_workers_run_under_the_callers_floating_point_error_state(blocked):
+    x = -np.ones((64, 8), np.float32)
+    with np.errstate(all="raise"):
+        with pytest.raises(FloatingPointError):
+            gpu_ops.log(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with np.errstate(all="ignore"):
+            assert np.isnan(gpu_ops.log(x)).all()
+
+
+def test_an_exception_in_a_worker_reaches_the_caller_and_the_pool_goes_on(blocked):
+    seen = []
+
+    def body(index):
+        seen.append(index)
+        if len(seen) == 5:
+            raise ZeroDivisionError("block 5")
+
+    with pytest.raises(ZeroDivisionError, match="block 5"):
+        kernel_threads.run_blocks(np, (40, 4), 160, 4, 0, body)
+    assert len(seen) == 40 // 4 or len(seen) >= 5       # the other blocks still ran or stopped
+    x = arrays((40, 4), 1)
+    np.testing.assert_allclose(gpu_ops.softmax(x, 1), one_call(gpu_ops.softmax, x, 1), rtol=1e-6)
+
+
+def test_blocks_cover_the_index_space_once(blocked):
+    marks = np.zeros((37, 5), np.int64)
+
+    def body(index):
+        marks[index] += 1
+
+    kernel_threads.run_blocks(np, marks.shape, marks.size, 8, 0, body)
+    assert (marks == 1).all()
+    marks[...] = 0
+    kernel_threads.run_blocks(np, marks.shape, marks.size, 8, 1, body)
+    assert (marks == 1).all()
+    marks[...] = 0
+    kernel_threads.run_blocks(np, marks.shape, marks.size, 8, None, body)
+    assert (marks == 1).all()
+
+
+def _softmax_in_child(queue):
+    x = arrays((64, 9), 5)
+    queue.put(np.asarray(gpu_ops.softmax(x, 1)).tolist())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_builds_its_own_pool(blocked):
+    x = arrays((64, 9), 5)
+    expected = gpu_ops.softmax(x, 1)          # the parent's pool exists now
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_softmax_in_child, args=(queue,))
+    child.start()
+    got = queue.get(timeout=60)
+    child.join(60)
+    assert child.exitcode == 0
+    np.testing.assert_allclose(np.array(got, np.float32), expected, rtol=1e-6)
+
+
+def test_thread_count_follows_the_environment(monkeypatch):
+    monkeypatch.setenv("KINA_FX_THREADS", "5")
+    assert kernel_threads.thread_count() == 5
+    monkeypatch.setenv("KINA_FX_THREADS", "junk")
+    assert kernel_threads.thread_count() == len(os.sched_getaffinity(0))
+    monkeypatch.delenv("KINA_FX_THREADS")
+    assert kernel_threads.thread_count() == len(os.sched_getaffinity(0))
