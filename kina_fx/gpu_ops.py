@@ -308,9 +308,10 @@ def softmax(x, axis=-1, out=None):
     _check_out(out, x.shape, "softmax")
     if out is None:
         out = xp.empty_like(x)
+    elif x.size:
+        x = _input_apart(out, x, xp)
     if x.shape[axis] == 0 or x.size == 0:
         return out
-    x = _input_apart(out, x, xp)
 
     def block(index):
         xb, ob = x[index], out[index]
@@ -664,9 +665,10 @@ def log_softmax(x, axis=-1, out=None):
     _check_out(out, x.shape, "log_softmax")
     if out is None:
         out = xp.empty_like(x)
+    elif x.size:
+        x = _input_apart(out, x, xp)
     if x.size == 0:
         return out
-    x = _input_apart(out, x, xp)
 
     def block(index):
         xb = x[index]
@@ -696,8 +698,10 @@ def check_cross_entropy(logits, labels) -> None:
         raise ValidationError("cross_entropy of an empty batch")
     if classes == 0:
         raise ValidationError("cross_entropy needs at least one class")
-    lo, hi = int(labels.min()), int(labels.max())
-    if lo < 0 or hi >= classes:
+    # One reduction: seen unsigned, a negative label is larger than any class.
+    unsigned = labels.view(labels.dtype.str.replace("i", "u")) if labels.dtype.kind == "i" else labels
+    if int(unsigned.max()) >= classes:
+        lo, hi = int(labels.min()), int(labels.max())
         raise ValidationError(f"cross_entropy label {lo if lo < 0 else hi} out of range [0, {classes})")
 
 
@@ -726,8 +730,8 @@ def cross_entropy(logits, labels, out=None):
         lse = e.sum(axis=1, keepdims=True)
         xp.log(lse, out=lse)
         lse += m
-        picked = xp.take_along_axis(xb, picks[rows, None], axis=1)
-        partial[rows.start or 0] = (lse - picked).sum(dtype=xp.float64)
+        picked = xb[xp.arange(xb.shape[0]), picks[rows]]
+        partial[rows.start or 0] = (lse[:, 0] - picked).sum(dtype=np.float64)
 
     kernel_threads.run_blocks(xp, flat.shape, flat.size, flat.dtype.itemsize, 0, block)
     sums = [partial[k] for k in sorted(partial)]
@@ -739,6 +743,22 @@ def cross_entropy(logits, labels, out=None):
         return r
     out[...] = r
     return out
+
+
+def cross_entropy_grad(logits, labels, scale):
+    """``(softmax(logits, -1) - one_hot(labels)) * scale``: the gradient of
+    :func:`cross_entropy` with respect to ``logits`` times ``scale`` (the
+    cotangent over the number of samples), in one buffer -- the softmax, one
+    indexed subtraction and one scaling -- instead of a one-hot matrix and
+    three full-size temporaries.  ``labels`` as :func:`cross_entropy` checked them."""
+    xp = array_module(logits, labels)
+    p = softmax(logits, -1)
+    classes = logits.shape[-1]
+    flat = p.reshape(-1, classes)           # p is fresh and C-contiguous: a view
+    rows = flat.shape[0]
+    flat[xp.arange(rows), labels.reshape(-1)] -= 1
+    p *= scale
+    return p
 
 
 # ---- memory the runtime allocates ----------------------------------------------

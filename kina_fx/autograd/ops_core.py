@@ -20,7 +20,8 @@ from ..errors import KinaTypeError, UnimplementedError, ValidationError
 from . import samples
 from .primitives import (COMPLEX_REFUSAL, expand_back, norm_axes, op, reduction_prepare,
                          unbroadcast, unwrapping, xp_kernel)
-from .tensor import Tensor, _raw, _shape, array_module, as_sequence, is_traced, recordable
+from .tensor import (Tensor, _raw, _shape, array_module, as_sequence, is_traced, kernels,
+                     recordable)
 
 __all__ = [
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "tanh", "sigmoid", "relu", "cast",
@@ -725,6 +726,11 @@ class cross_entropy:
 
     def vjp_logits(o, g, out, logits, labels):
         n = _pymax(1, math.prod(logits.shape[:-1]))
+        if (o is kernels and g.__class__ is not Tensor and logits.__class__ is not Tensor
+                and getattr(g, "dtype", None) == logits.dtype):
+            # First order on raw arrays: the runtime's fused kernel (one buffer).
+            return gpu_ops.cross_entropy_grad(logits, array_module(logits).asarray(_raw(labels)),
+                                              g / n)
         diff = o.sub(o.softmax(logits, -1), _one_hot(labels, _raw(logits)))
         return o.mul(diff, o.div(g, n))
 
