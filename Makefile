@@ -33,6 +33,10 @@ $(DEV_STAMP): $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/kina-fx demo
 
+# The whole suite; tests/effects, tests/abi, tests/hosts/c and tests/hosts/ocaml
+# on both implementations of the effects runtime (the compiled one here, the
+# pure-Python one in a second pytest process beside it:
+# tests/support/implementations.py).
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 

@@ -14,7 +14,11 @@ Per operation = (count at 20,000 - count at 10,000) / 10,000.  Modes:
 * ``tail``: an ``on`` perform whose clause resumes in tail position
   (``return k.resume(x)``);
 * ``generator``: an ``on`` perform whose clause returns ``k``; a loop outside
-  resumes it (the generator pattern).
+  resumes it (the generator pattern);
+* ``run``: ``Handler.run`` of a trivial body under a handler with an ``on``
+  clause (a fiber and a driver loop each time);
+* ``nested``: an ``on`` perform whose clause resumes, then adds one (not in
+  tail position: a driver loop nested in the clause each time).
 """
 import sys
 
@@ -65,6 +69,22 @@ def run_generator(n):
     step = Handler(on={E: lambda k, x: k}).run(body)
     while step is not None:
         step = step.resume(None)
+
+
+def run_run(n):
+    h = Handler(on={E: lambda k, x: k.resume(x)})
+
+    def body():
+        return 1
+    for _ in range(n):
+        h.run(body)
+
+
+def run_nested(n):
+    def body():
+        for i in range(n):
+            perform(E, i)
+    Handler(on={E: lambda k, x: k.resume(x) + 1}).run(body)
 
 
 if __name__ == "__main__":

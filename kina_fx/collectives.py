@@ -55,6 +55,8 @@ GROUP: Effect = Effect("kina.dist.group")
 #: Seconds an :class:`MPIGroup` waits for the other processes before it gives up
 #: (``KINA_FX_DIST_TIMEOUT`` overrides it; ``none`` or ``0`` waits for ever).
 DEFAULT_TIMEOUT = 600.0
+# How long an aborting rank waits, its traceback written, before MPI_Abort (see abort).
+ABORT_GRACE_SECONDS = 1.0
 
 
 def current_group() -> "Group":
@@ -480,6 +482,9 @@ class MPIGroup(Group):
                    + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
         sys.stderr.write(f"kina_fx.distributed: rank {self.rank} of {self.size} aborts the job: {why}")
         sys.stderr.flush()
+        # MPI_Abort kills the launcher's proxies at once, and a proxy killed before it
+        # has read this rank's stderr pipe drops the traceback: give it time to forward.
+        time.sleep(ABORT_GRACE_SECONDS)
         code = exc.code if isinstance(exc, (SystemExit, AbortRequest)) and isinstance(exc.code, int) else 1
         self.comm.Abort(code or 1)
 

@@ -43,7 +43,8 @@ from greenlet import GreenletExit, getcurrent, greenlet
 from .errors import InternalError, Status, WrongThread
 
 __all__ = ["Fiber", "Chain", "Unwind", "current", "new_fiber", "switch_into", "post",
-           "suspend", "unwind", "check_owner", "thread_token", "data_type", "RETURNED", "RAISED"]
+           "suspend", "unwind", "check_owner", "thread_token", "data_type", "speedups",
+           "RETURNED", "RAISED"]
 
 # Kinds of message a fiber sends to the fiber that resumed it when it stops.
 # The effects layer adds its own kind (an effect was performed); this module
@@ -57,17 +58,23 @@ RAISED = "raised"
 POOL_LIMIT = 256
 
 
-# --- the protocol's data ---------------------------------------------------------
+# --- the implementation in use ---------------------------------------------------
+#
+# kina_fx._speedups (kina_fx/_speedups_c/) is the compiled implementation of
+# the hot paths of this module, handlers.py and ffi/effects.py, as _json is of
+# json; the Python code is the reference.  It is chosen here, once, for the
+# whole process: each of those modules takes the compiled function or class
+# where ``speedups`` is not None.  KINA_FX_PURE_PYTHON=1 selects the
+# pure-Python reference (so does a build without a C compiler).
 #
 # The fields of the protocol's types (Fiber, ThreadState, Chain here; Handler,
-# Continuation, Stepper... in handlers.py) are owned by the C core,
-# kina_fx._speedups, when it is in use: its C code then reads and writes them
-# as struct fields, never a Python class's layout.  The classes below derive
-# from data_type(...) and add methods only, so the same Python code runs on
-# either layout.  KINA_FX_PURE_PYTHON=1 keeps the plain __slots__ classes.
+# Continuation, Stepper... in handlers.py) are then owned by the C core: its
+# C code reads and writes them as struct fields, never a Python class's
+# layout.  The classes below derive from data_type(...) and add methods only,
+# so the same Python code runs on either layout.
 
 
-def _load_core():
+def _load_speedups():
     if os.environ.get("KINA_FX_PURE_PYTHON") == "1":
         return None
     try:
@@ -77,13 +84,8 @@ def _load_core():
     return _speedups
 
 
-_core = _load_core()
-
-
-def compiled_core():
-    """kina_fx._speedups when it is in use, else None (not built, or
-    ``KINA_FX_PURE_PYTHON=1``: the Python references run instead)."""
-    return _core
+#: kina_fx._speedups when the compiled implementation is in use, else None.
+speedups = _load_speedups()
 
 
 def data_type(name: str, fields: tuple, base: type = object) -> type:
@@ -93,8 +95,8 @@ def data_type(name: str, fields: tuple, base: type = object) -> type:
     exactly these fields, ``"__weakref__"`` meaning weak references), else a
     plain class with ``__slots__ = fields`` deriving from ``base``.
     """
-    if _core is not None:
-        core = getattr(_core, name, None)
+    if speedups is not None:
+        core = getattr(speedups, name, None)
         if core is not None and _core_fields(core) == (set(fields), "__weakref__" in fields) \
                 and issubclass(core, base):
             return core

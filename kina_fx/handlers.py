@@ -29,7 +29,6 @@ therefore run in constant stack, however many effects are performed.
 from __future__ import annotations
 
 import gc
-import os
 import re
 import sys
 import threading
@@ -40,11 +39,16 @@ from typing import (TYPE_CHECKING, Any, Callable, Concatenate, Generic, Iterable
 from . import fibers, tailcalls
 from .errors import Cancelled, ContinuationAlreadyResumed, Unhandled, ValidationError
 from .fibers import RAISED, RETURNED, Chain, check_owner, data_type, local, thread_token
-from greenlet import GreenletExit
 
 __all__ = ["Effect", "perform", "Handler", "Continuation", "fiber", "Stepper", "FORWARD",
-           "push_handler", "pop_handler", "suspend_to_host", "thread_token", "check_owner",
-           "bind_c_abi"]
+           "push_handler", "pop_handler", "suspend_to_host", "thread_token", "check_owner"]
+
+# The compiled implementation (kina_fx/_speedups_c/), or None for the
+# pure-Python reference: fibers.py chooses, once.  Where it is not None this
+# module uses its perform, switch_into, driver loop and tail check, and
+# Continuation gets its resume and finalizer; docs/effects.md ("The
+# compiled fast path") lists what it hands back to the Python functions here.
+_speedups = fibers.speedups
 
 PERFORMED = "performed"
 
@@ -332,7 +336,7 @@ def _perform_py(effect, /, *args, **keywords):
     scope handles ``effect`` and it has no ``default``.
 
     This is the reference implementation; ``perform`` is the compiled copy in
-    kina_fx/_speedups_c/perform.c when that was built (see the end of this module).
+    kina_fx/_speedups_c/perform.c when that is in use.
     """
     if keywords:
         raise keyword_arguments_error(effect, tuple(keywords))
@@ -419,7 +423,7 @@ if TYPE_CHECKING:
         """Perform ``effect`` with ``args``; return the value the handler resumes with."""
         ...
 else:
-    perform = _perform_py
+    perform = _perform_py if _speedups is None else _speedups.perform
 
 
 def _suspend_perform(effect, args, found):
@@ -464,8 +468,32 @@ def _suspend_perform(effect, args, found):
 # --- continuations ----------------------------------------------------------
 
 
+class _ContinuationReference:
+    """The reference versions of the methods of :class:`Continuation` that the
+    C core compiles, ``resume`` and ``__del__``.  Continuation lists this class
+    after its data type: with kina_fx._speedups in use, the compiled ``resume``
+    (which ContinuationData gives each class deriving from it) and finalizer
+    (kina_fx/_speedups_c/round_trip.c) come first in its MRO; with the
+    pure-Python reference, these are the ones."""
+
+    __slots__ = ()
+
+    def resume(self, value=None):
+        """OCaml ``continue k value``: returns what the handler returns."""
+        top = self.top
+        if top is None or self.shallow or top.thread != local.state.serial:
+            self._check(shallow=False)            # raises the matching error
+        return _resume_from(sys._getframe(1), self, (False, value))
+
+    def __del__(self):
+        # Dropped without being used: run its cleanup (not at interpreter exit,
+        # when greenlets can no longer be switched to).
+        if getattr(self, "top", None) is not None and not sys.is_finalizing():
+            fibers.unwind(self)
+
+
 class Continuation(Chain, data_type("ContinuationData", ("shallow",), base=Chain.__base__),
-                   Generic[R, T]):
+                   _ContinuationReference, Generic[R, T]):
     """A one-shot continuation: the suspended fibers from a perform up to its handler.
 
     Deep continuations (from ``Handler.run``) take ``resume``/``discontinue``;
@@ -483,12 +511,10 @@ class Continuation(Chain, data_type("ContinuationData", ("shallow",), base=Chain
         self.base = base
         self.shallow = shallow
 
-    def resume(self, value: R = None) -> T:  # type: ignore[assignment]
-        """OCaml ``continue k value``: returns what the handler returns."""
-        top = self.top
-        if top is None or self.shallow or top.thread != local.state.serial:
-            self._check(shallow=False)            # raises the matching error
-        return _resume_from(sys._getframe(1), self, (False, value))
+    if TYPE_CHECKING:
+        def resume(self, value: R = None) -> T:  # type: ignore[assignment]
+            """OCaml ``continue k value``: returns what the handler returns."""
+            ...
 
     def discontinue(self, exc: Union[BaseException, type]) -> T:
         """OCaml ``discontinue k exc``: raise ``exc`` at the perform site."""
@@ -506,12 +532,6 @@ class Continuation(Chain, data_type("ContinuationData", ("shallow",), base=Chain
         self._check(shallow=True)
         self._install(handler)
         return _resume_from(sys._getframe(1), self, (True, _as_exception(exc)))
-
-    def __del__(self):
-        # Dropped without being used: run its cleanup (not at interpreter exit,
-        # when greenlets can no longer be switched to).
-        if getattr(self, "top", None) is not None and not sys.is_finalizing():
-            fibers.unwind(self)
 
     def __reduce__(self):
         raise TypeError("a continuation cannot be pickled: it is a suspended stack, used once")
@@ -544,12 +564,6 @@ class Continuation(Chain, data_type("ContinuationData", ("shallow",), base=Chain
     def __repr__(self):
         kind = "shallow" if self.shallow else "deep"
         return f"<Continuation {kind} {'used' if self.top is None else 'ready'}>"
-
-
-# The reference resume; the compiled one (_speedups_c/round_trip.c's rt_resume, a method
-# descriptor) replaces it on the class unless KINA_FX_PURE_PYTHON=1.
-_resume_py = Continuation.resume
-_del_py = Continuation.__del__
 
 
 def fiber(fn: Callable[[Any], Any]) -> "Continuation[Any, Any]":
@@ -711,7 +725,7 @@ class Stepper(data_type("StepperData", ("_handler", "_chain", "state", "effect",
 # --- the driver loop --------------------------------------------------------
 
 # fibers.switch_into, or its compiled copy (_speedups_c/round_trip.c's rt_switch_into).
-_switch_into = fibers.switch_into
+_switch_into = fibers.switch_into if _speedups is None else _speedups.switch_into
 
 
 class _TailResume(data_type("TailResumeData", ("chain", "send"))):
@@ -724,7 +738,7 @@ class _TailResume(data_type("TailResumeData", ("chain", "send"))):
         self.send = send
 
 
-def _drive(chain, send):
+def _drive_py(chain, send):
     """Resume ``chain`` and run the clauses of whichever handlers it stops at.
 
     Returns the handler's result: the return clause's, the exception clause's,
@@ -854,18 +868,9 @@ _HOLDER_LEVELS = 8
 _NOT_HOLDERS = (types.FrameType, types.CodeType, types.ModuleType, BaseException)
 
 
-_DRIVE_CODE = _drive.__code__
-_drive_py = _drive
-_drive_c = None
-
-
-def _drive_compiled(chain, send):
-    """_drive with its loop compiled (_speedups_c/round_trip.c's rt_drive); replaces _drive.
-
-    The clauses the C loop calls see this frame as their caller, so the tail
-    check looks for this function's code instead of _drive_py's.
-    """
-    return _drive_c(chain, send)
+# The driver loop in use: the one above, or its compiled copy
+# (_speedups_c/round_trip.c's rt_drive).
+_drive = _drive_py if _speedups is None else _speedups.drive
 
 
 def _resume_from(caller, k, send):
@@ -909,100 +914,19 @@ def _drive_on_fresh_stack(chain, send):
 
 # Tail-resume detection lives in kina_fx/tailcalls.py; the driver loop is the
 # frame a tail resume must reach.
-def _returns_straight_to_driver(frame) -> bool:
+def _returns_straight_to_driver_py(frame) -> bool:
     """True when ``frame``, the caller of a resume, returns the resume's result
     unchanged to a driver loop (see :mod:`kina_fx.tailcalls`)."""
-    return tailcalls.returns_straight_to(frame, _DRIVE_CODE)
+    return tailcalls.returns_straight_to(frame, _runs_drive_py)
 
 
-def _resume_nested(tail):
-    """Drive a _TailResume that came back through the compiled perform.
-
-    The Python perform frame (inside try/finally) stops the tail-position walk
-    of _returns_straight_to_driver; the C one is invisible to it, and only the
-    callee-name check rejects it (a clause function named ``perform`` passes).
-    Such a resume in tail position inside a ``fun`` clause reaches the C
-    perform as a _TailResume, which nests here, before the skip marker is
-    popped: what _resume_from does at the resume with the Python perform.
-    """
-    chain, send = tail.chain, tail.send
-    del tail
-    if _stack_is_deep():
-        return _drive_on_fresh_stack(chain, send)
-    return _drive(chain, send)
+def _runs_drive_py(frame) -> bool:
+    return frame.f_code is _DRIVE_CODE
 
 
-# --- the C ABI's binding point ------------------------------------------------
+_DRIVE_CODE = _drive_py.__code__
 
-
-def bind_c_abi(clause_type, handler_type=None, answer_to_int64=None, report_error=None):
-    """Turn on libkina_fx.so's C fast paths (kina_perform answered by C
-    handlers, host fibers driven) so that they run without entering Python.
-
-    ``handler_type`` is the class of the handlers that kina_push_handler
-    pushes (kina_fx.ffi.effects.CHandler), ``clause_type`` that of their
-    ``fun`` clauses (CClause); ``answer_to_int64(effect, value)`` converts a
-    Python answer for C, ``report_error(exc)`` sets kina_last_error and
-    returns the status.  Returns what the fast paths must be told about, which
-    the caller keeps up to date: every host fiber handle (``note(handle,
-    stepper)``, ``forget(handle)``, ``forget_all()``) and every C handler
-    (``describe_c_handler(handler, fn_address, ctx_address, effect_ids)``).
-    Returns None (changing nothing) when the compiled perform is not the one
-    in use: every call then takes the Python path.  ``bind_c_abi(None)`` turns
-    the fast paths off.
-    """
-    if perform is _perform_py:
-        return None
-    try:
-        if clause_type is None:
-            _speedups._bind_c_abi(None)
-            return None
-        _speedups._bind_c_abi(clause_type, handler_type, Effect._by_id, answer_to_int64, report_error)
-    except (TypeError, AttributeError):      # a stale build: the Python path still works
-        return None
-    return _fiber_handle_mirror
-
-
-# kina_fx._speedups (kina_fx/_speedups_c/*.c, built by setup.py when a
-# compiler is available) has transcriptions of _perform_py and
-# _returns_straight_to_driver, several times faster, and of the round trip of
-# an ``on`` clause: _suspend_perform with fibers.post/suspend/_switch (inside
-# the compiled perform), fibers.switch_into (_switch_into), the loop of _drive
-# (behind _drive_compiled, whose frame the tail check then looks for),
-# Continuation.resume and Continuation.__del__ (the Python methods stay as
-# _resume_py and _del_py).  KINA_FX_PURE_PYTHON=1 keeps the Python versions
-# (the references).
-_returns_straight_to_driver_py = _returns_straight_to_driver
-if os.environ.get("KINA_FX_PURE_PYTHON") != "1":
-    try:
-        from . import _speedups
-    except ImportError:
-        pass
-    else:
-        try:
-            _speedups._bind(local, fibers.Fiber, fibers.ThreadState, Effect, Handler, _Skip,
-                            _TailResume, Unhandled, _suspend_perform, _resume_nested)
-            _speedups._bind_tail(_drive_compiled.__code__, tailcalls.MAX_TAIL_FRAMES, tailcalls.RESUME_NAMES,
-                                 tailcalls.tail_calls_by_code, tailcalls.tail_calls,
-                                 tailcalls.names_function)
-            _speedups._bind_forward(FORWARD)
-            _speedups._bind_abort(_abort_unless_kept)
-            _resume_c = _speedups._bind_round_trip(
-                Chain, Continuation, GreenletExit, fibers.Unwind, fibers._begin_unwind_here,
-                fibers.switch_into, _resume_py, PERFORMED, RETURNED, RAISED, fibers.unwind)
-            _fiber_handle_mirror = _speedups._bind_steppers(Stepper, _Catch, _SUSPEND_TO_HOST,
-                                                            Cancelled)
-            _speedups._bind_drive(_drive_compiled, _drive_on_fresh_stack, _HOP_DEPTH)
-        except (TypeError, AttributeError) as exc:   # a stale build: rebuild it
-            import warnings
-            warnings.warn(f"kina_fx._speedups does not fit this kina_fx ({exc}); "
-                          "using the pure-Python perform", RuntimeWarning, stacklevel=2)
-        else:
-            perform = _speedups.perform
-            _returns_straight_to_driver = _speedups._returns_straight_to_driver
-            _switch_into = _speedups.switch_into
-            Continuation.resume = _resume_c
-            del Continuation.__del__     # ContinuationData's C finalizer does it
-            _drive_c = _speedups.drive
-            _drive = _drive_compiled
-            _DRIVE_CODE = _drive_compiled.__code__
+# The compiled check (_speedups_c/tail.c) stops at the frames its own driver
+# loop was called from instead, since that loop has no frame of its own.
+_returns_straight_to_driver = (_returns_straight_to_driver_py if _speedups is None
+                               else _speedups.returns_straight_to_driver)

@@ -11,7 +11,8 @@ show.  Everything is computed once per code object; when in doubt the answer
 is "not a tail call", which is always correct (the resume nests).
 
 kina_fx/_speedups_c/tail.c has a compiled copy of :func:`returns_straight_to`
-that uses :func:`tail_calls` and :func:`names_function` from here.
+that uses :func:`tail_calls` and :func:`names_function` from here; its driver
+frames are those its compiled driver loop was called from.
 """
 from __future__ import annotations
 
@@ -84,16 +85,17 @@ def tail_calls(code) -> dict:
     return calls
 
 
-def returns_straight_to(frame, driver_code) -> bool:
+def returns_straight_to(frame, is_driver) -> bool:
     """True when ``frame`` (the caller of a resume method) returns the resume's
-    result unchanged, through tail calls only, to a frame running ``driver_code``."""
+    result unchanged, through tail calls only, to a frame for which
+    ``is_driver(frame)`` is true: a driver loop's."""
     callee_code = None                  # code of the frame the current one calls
     for _ in range(MAX_TAIL_FRAMES):
         if frame is None:
             return False
-        code = frame.f_code
-        if code is driver_code:
+        if is_driver(frame):
             return True
+        code = frame.f_code
         callee = tail_calls(code).get(frame.f_lasti)
         if callee is None:
             return False

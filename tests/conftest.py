@@ -2,10 +2,16 @@
 
 Under ``CI=true`` a skipped integration test is a failure: CI must prove the C,
 MLIR and OCaml hosts, not silently skip them when a tool is missing.
+
+The ``impl`` fixture runs a test on both implementations of the effects
+runtime (tests/support/implementations.py); the folders whose conftest asks
+for it run every test of theirs that way.
 """
 import os
 
 import pytest
+
+pytest_plugins = ["support.implementations"]
 
 _skipped_integration = []
 

@@ -37,9 +37,9 @@
  * exception becomes a status and kina_last_error through
  * ffi.effects._report_error (kina_fx.ffi._onerror, cffi's hook for the
  * Python path).  Only an exception during the search before any C handler
- * ran declines (the Python path meets it again and reports it).  Bound by
- * ffi.effects (_bind_c_abi) only when this compiled perform is the one in
- * use. */
+ * ran declines (the Python path meets it again and reports it).  On once
+ * ffi.effects has attached the library (set_c_abi_fast_paths, module.c),
+ * which happens only when this compiled implementation is the one in use. */
 
 
 #define FAST_MAX_ARGS KFX_MAX_ARGS
@@ -49,16 +49,11 @@
 typedef int32_t (*c_handler_fn)(void *ctx, int32_t effect, const int64_t *args,
                                 int32_t nargs, int64_t *out_value);
 
-PyTypeObject *g_cclause_t;
-
 /* The effect (an interned handlers.Effect) and id of this thread's last
  * kina_perform that suspended: c_step (c_fibers.c) reads the id
  * from here instead of ``effect.id`` when it is that effect. */
 KFX_TLS PyObject *kfx_hint_effect;
 KFX_TLS int32_t kfx_hint_effect_id;
-static PyObject *g_effects_by_id;  /* handlers.Effect._by_id                    */
-static PyObject *g_answer_fn;      /* ffi.effects._answer_to_int64              */
-static PyObject *g_report_fn;      /* ffi.effects._report_error                 */
 
 /* An int slot of a CClause as a C value; 0 when unset or out of range. */
 static int
@@ -253,7 +248,7 @@ int
 kina_fast_perform(int32_t effect_id, const int64_t *c_args, int32_t nargs, int64_t *out,
                   int32_t *status, int *errno_out)
 {
-    if (g_cclause_t == NULL || g_local == NULL || out == NULL || status == NULL
+    if (!kfx_c_abi_on || out == NULL || status == NULL
             || nargs < 0 || nargs > FAST_MAX_ARGS || (nargs > 0 && c_args == NULL)
             || !PyList_CheckExact(g_effects_by_id)
             || effect_id <= 0 || effect_id >= PyList_GET_SIZE(g_effects_by_id))
@@ -476,41 +471,3 @@ error:
     *status = kfx_report_exception();
     return KINA_FAST_DONE;
 }
-
-PyDoc_STRVAR(bind_c_abi_doc,
-"_bind_c_abi(CClause, CHandler, effects_by_id, answer_to_int64, report_error)\n--\n\n"
-"Called by kina_fx.ffi.effects: enables kina_fast_perform (the C fast path of\n"
-"libkina_fx.so's kina_perform for C handlers); _bind_c_abi(None) disables it.");
-
-static PyObject *
-bind_c_abi(PyObject *Py_UNUSED(module), PyObject *args)
-{
-    PyObject *cclause_t, *by_id = NULL, *answer_fn = NULL, *report_fn = NULL;
-    if (PyTuple_GET_SIZE(args) == 1 && PyTuple_GET_ITEM(args, 0) == Py_None) {
-        Py_CLEAR(g_cclause_t);           /* _bind_c_abi(None): the fast paths are off */
-        Py_CLEAR(g_chandler_t);
-        Py_RETURN_NONE;
-    }
-    PyObject *chandler_t;
-    if (!PyArg_ParseTuple(args, "OOO!OO:_bind_c_abi", &cclause_t, &chandler_t, &PyList_Type, &by_id,
-                          &answer_fn, &report_fn))
-        return NULL;
-    if (check_data_type(cclause_t, &KCClause_Type, "CClause")
-            || check_data_type(chandler_t, &KCHandler_Type, "CHandler"))
-        return NULL;
-    if (!PyCallable_Check(answer_fn) || !PyCallable_Check(report_fn)) {
-        PyErr_SetString(PyExc_TypeError, "_bind_c_abi: answer_to_int64 and report_error must be callable");
-        return NULL;
-    }
-    Py_XSETREF(g_effects_by_id, Py_NewRef(by_id));
-    Py_XSETREF(g_answer_fn, Py_NewRef(answer_fn));
-    Py_XSETREF(g_report_fn, Py_NewRef(report_fn));
-    Py_XSETREF(g_chandler_t, (PyTypeObject *)Py_NewRef(chandler_t));
-    Py_XSETREF(g_cclause_t, (PyTypeObject *)Py_NewRef(cclause_t));
-    Py_RETURN_NONE;
-}
-
-PyMethodDef kfx_c_abi_methods[] = {
-    {"_bind_c_abi", bind_c_abi, METH_VARARGS, bind_c_abi_doc},
-    {NULL, NULL, 0, NULL},
-};

@@ -19,7 +19,7 @@
  * the getters then decline.  kina_resume_fiber takes the GIL once, steps the
  * fiber in C and releases it.  Everything unusual declines before changing
  * anything, and ffi.effects does it (validation and error texts included):
- * a handle that is not mirrored (made before the fast paths were bound), of
+ * a handle that is not mirrored (past the mirror's 16M slots), of
  * another thread, a fiber that is not new or suspended, NULL out-pointers...
  *
  * Threads.  A fiber belongs to one OS thread, the only one that may use or
@@ -35,17 +35,7 @@
 
 #include <errno.h>
 
-/* ---- bound by _bind_steppers (handlers.py) ---------------------------------- */
-
-PyTypeObject *g_stepper_t;           /* handlers.Stepper                          */
-PyTypeObject *g_catch_t;             /* handlers._Catch                           */
-PyObject *g_suspend_to_host;         /* handlers._SUSPEND_TO_HOST                 */
-static PyObject *g_cancelled;        /* errors.Cancelled                          */
 static PyObject *g_empty;            /* ()                                        */
-/* Stepper.NEW, RUNNING, SUSPENDED, DONE, FAILED, CANCELLED: their index is the
- * KINA_FIBER_* value (ffi.effects.FIBER_STATES). */
-enum { ST_NEW, ST_RUNNING, ST_SUSPENDED, ST_DONE, ST_FAILED, ST_CANCELLED, N_STATES };
-static PyObject *g_states[N_STATES];
 
 static int
 state_index(PyObject *state)
@@ -109,8 +99,9 @@ mirror_clear(mirror_slot *slot)
     __atomic_store_n(&slot->owner, 0, __ATOMIC_RELEASE);
 }
 
-/* A C object with note / forget / forget_all: what handlers.bind_c_abi hands
- * ffi.effects for its fiber handle table. */
+/* A C object with note / forget / forget_all: the module's
+ * ``fiber_handle_mirror``, which ffi.effects keeps up to date with its fiber
+ * handle table. */
 typedef struct {
     PyObject_HEAD
 } KMirror;
@@ -163,30 +154,21 @@ mirror_forget_all(PyObject *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-static PyObject *
-mirror_describe(PyObject *self, PyObject *args)
-{
-    return kfx_describe_c_handler(args);
-}
-
 static PyMethodDef mirror_methods[] = {
     {"note", (PyCFunction)(void (*)(void))mirror_note, METH_FASTCALL,
      "note(handle, stepper): the C fast paths may find ``stepper`` by ``handle``."},
     {"forget", mirror_forget, METH_O, "forget(handle): the handle was removed."},
     {"forget_all", mirror_forget_all, METH_NOARGS, "forget_all(): every handle was removed."},
-    {"describe_c_handler", mirror_describe, METH_VARARGS,
-     "describe_c_handler(handler, fn_address, ctx_address, effect_ids): what a C handler\n"
-     "calls, for kina_perform's search without the GIL (nogil.c)."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyTypeObject KMirror_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "kina_fx._speedups.FastPaths",
+    .tp_name = "kina_fx._speedups.FiberHandleMirror",
     .tp_basicsize = sizeof(KMirror),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "What the C ABI's fast paths know of ffi.effects' objects: which Stepper each\n"
-              "fiber handle is, and what each C handler calls.",
+    .tp_doc = "What the C ABI's fast paths know of ffi.effects' fiber handles: which\n"
+              "Stepper each one is.",
     .tp_methods = mirror_methods,
 };
 
@@ -397,15 +379,9 @@ c_step(KStepper *s, int64_t value)
 static int32_t report_exception(void);     /* below */
 
 static int
-bound(void)
-{
-    return g_stepper_t != NULL && g_cclause_t != NULL;
-}
-
-static int
 fast_resume_fiber(uint64_t handle, int64_t value, int32_t *out_state, int32_t *status)
 {
-    if (!bound())
+    if (!kfx_c_abi_on)
         return KINA_FAST_DECLINED;
     KStepper *s = lookup(handle);
     int state = s == NULL ? -1 : state_index(s->state);
@@ -446,7 +422,7 @@ fast_resume_fiber(uint64_t handle, int64_t value, int32_t *out_state, int32_t *s
 static int
 fast_get_perform_id(uint64_t handle, int32_t *out_effect, int32_t *status)
 {
-    KStepper *s = bound() && out_effect != NULL ? lookup(handle) : NULL;
+    KStepper *s = kfx_c_abi_on && out_effect != NULL ? lookup(handle) : NULL;
     if (s == NULL || !s->c_valid || s->state != g_states[ST_SUSPENDED])
         return KINA_FAST_DECLINED;
     *out_effect = s->effect_id;
@@ -458,7 +434,7 @@ static int
 fast_get_perform_args(uint64_t handle, int64_t *out_args, int32_t cap, int32_t *out_nargs,
                       int32_t *status)
 {
-    KStepper *s = bound() && out_nargs != NULL ? lookup(handle) : NULL;
+    KStepper *s = kfx_c_abi_on && out_nargs != NULL ? lookup(handle) : NULL;
     if (s == NULL || !s->c_valid || !s->args_ok || s->state != g_states[ST_SUSPENDED]
             || s->nargs > cap || (s->nargs > 0 && out_args == NULL))
         return KINA_FAST_DECLINED;   /* ffi.effects reports what is wrong */
@@ -472,7 +448,7 @@ fast_get_perform_args(uint64_t handle, int64_t *out_args, int32_t cap, int32_t *
 static int
 fast_fiber_state(uint64_t handle, int32_t *out_state, int32_t *status)
 {
-    KStepper *s = bound() && out_state != NULL ? lookup(handle) : NULL;
+    KStepper *s = kfx_c_abi_on && out_state != NULL ? lookup(handle) : NULL;
     int state = s == NULL ? -1 : state_index(s->state);
     if (state < 0)
         return KINA_FAST_DECLINED;
@@ -484,7 +460,7 @@ fast_fiber_state(uint64_t handle, int32_t *out_state, int32_t *status)
 static int
 fast_fiber_result(uint64_t handle, int64_t *out_value, int32_t *status)
 {
-    KStepper *s = bound() && out_value != NULL ? lookup(handle) : NULL;
+    KStepper *s = kfx_c_abi_on && out_value != NULL ? lookup(handle) : NULL;
     if (s == NULL || !s->c_valid || !s->result_ok || s->state != g_states[ST_DONE])
         return KINA_FAST_DECLINED;
     *out_value = s->result_c;
@@ -507,7 +483,7 @@ static int
 fast_perform(int32_t effect, const int64_t *args, int32_t nargs, int64_t *out_value, int32_t *status)
 {
     KFiber *fiber = kfx_current;
-    if (g_cclause_t == NULL || fiber == NULL)
+    if (!kfx_c_abi_on || fiber == NULL)
         return KINA_FAST_DECLINED;
     if (fiber->performs >= PERFORM_DEPTH) {
         gil_call g;
@@ -571,59 +547,36 @@ const kina_fast_api kfx_fast_api = {
     kfx_fast_runtime_op,
 };
 
-/* ---- binding ------------------------------------------------------------------- */
+/* ---- the module's part ------------------------------------------------------- */
 
-PyDoc_STRVAR(bind_steppers_doc,
-"_bind_steppers(Stepper, Catch, SUSPEND_TO_HOST, Cancelled)\n--\n\n"
-"Called by kina_fx.handlers: what the host fibers' fast paths work with.\n"
-"Returns the fiber handle mirror (note / forget / forget_all).");
-
-static PyObject *g_mirror;
+PyDoc_STRVAR(describe_doc,
+"describe_c_handler($module, handler, fn_address, ctx_address, effect_ids, /)\n--\n\n"
+"Record what a C handler (ffi.effects.CHandler) calls, for kina_perform's\n"
+"search without the GIL (nogil.c); False when it cannot be described.");
 
 static PyObject *
-bind_steppers(PyObject *Py_UNUSED(module), PyObject *args)
+describe_c_handler(PyObject *Py_UNUSED(module), PyObject *args)
 {
-    PyObject *stepper_t, *catch_t, *suspend, *cancelled;
-    if (!PyArg_ParseTuple(args, "OOOO:_bind_steppers", &stepper_t, &catch_t, &suspend, &cancelled))
-        return NULL;
-    if (check_data_type(stepper_t, &KStepper_Type, "Stepper")
-            || check_data_type(catch_t, &KCatch_Type, "_Catch"))
-        return NULL;
-    if (!PyExceptionClass_Check(cancelled)) {
-        PyErr_SetString(PyExc_TypeError, "_bind_steppers: Cancelled must be an exception class");
-        return NULL;
-    }
-    static const char *const names[N_STATES] = {"NEW", "RUNNING", "SUSPENDED", "DONE", "FAILED",
-                                                "CANCELLED"};
-    PyObject *states[N_STATES];
-    for (int k = 0; k < N_STATES; k++) {
-        states[k] = PyObject_GetAttrString(stepper_t, names[k]);
-        if (states[k] == NULL) {
-            while (k-- > 0)
-                Py_DECREF(states[k]);
-            return NULL;
-        }
-    }
-    if (g_mirror == NULL) {
-        if (PyType_Ready(&KMirror_Type) < 0 || (g_mirror = PyType_GenericNew(&KMirror_Type, NULL, NULL)) == NULL) {
-            for (int k = 0; k < N_STATES; k++)
-                Py_DECREF(states[k]);
-            return NULL;
-        }
-    }
-    if (g_empty == NULL && (g_empty = PyTuple_New(0)) == NULL)
-        return NULL;
-    mirror_forget_all(NULL, NULL);   /* rebinding: what was noted may be gone */
-    for (int k = 0; k < N_STATES; k++)
-        Py_XSETREF(g_states[k], states[k]);
-    Py_XSETREF(g_catch_t, (PyTypeObject *)Py_NewRef(catch_t));
-    Py_XSETREF(g_suspend_to_host, Py_NewRef(suspend));
-    Py_XSETREF(g_cancelled, Py_NewRef(cancelled));
-    Py_XSETREF(g_stepper_t, (PyTypeObject *)Py_NewRef(stepper_t));
-    return Py_NewRef(g_mirror);
+    return kfx_describe_c_handler(args);
 }
 
-PyMethodDef kfx_c_fibers_methods[] = {
-    {"_bind_steppers", bind_steppers, METH_VARARGS, bind_steppers_doc},
+static PyMethodDef c_fibers_methods[] = {
+    {"describe_c_handler", describe_c_handler, METH_VARARGS, describe_doc},
     {NULL, NULL, 0, NULL},
 };
+
+/* describe_c_handler and ``fiber_handle_mirror`` (the one KMirror). */
+int
+kfx_add_c_fibers(PyObject *module)
+{
+    if (PyType_Ready(&KMirror_Type) < 0 || PyModule_AddFunctions(module, c_fibers_methods) < 0)
+        return -1;
+    if (g_empty == NULL && (g_empty = PyTuple_New(0)) == NULL)
+        return -1;
+    PyObject *mirror = PyType_GenericNew(&KMirror_Type, NULL, NULL);
+    if (mirror == NULL || PyModule_AddObject(module, "fiber_handle_mirror", mirror) < 0) {
+        Py_XDECREF(mirror);
+        return -1;
+    }
+    return 0;
+}

@@ -40,8 +40,6 @@
 
 #include <errno.h>
 
-PyTypeObject *g_chandler_t;          /* ffi.effects.CHandler (bound by _bind_c_abi) */
-
 #define C_HANDLED 0
 #define C_FORWARD (-1)
 
@@ -233,7 +231,7 @@ kfx_nogil_perform(int32_t effect, const int64_t *c_args, int32_t nargs, int64_t 
 {
     ns->called = ns->outcome = 0;
     KFiber *cur = kfx_current, *f = cur;
-    if (f == NULL || g_chandler_t == NULL || out == NULL || nargs < 0 || nargs > KFX_MAX_ARGS
+    if (f == NULL || !kfx_c_abi_on || out == NULL || nargs < 0 || nargs > KFX_MAX_ARGS
             || (nargs > 0 && c_args == NULL) || effect <= 0)
         return KINA_FAST_DECLINED;
     /* The arguments are read once, as kina_py_perform reads them, into what a

@@ -6,17 +6,17 @@
  * effect is performed with the views and the int32 parameters; an exception
  * becomes a status and kina_last_error through ffi.effects._report_error, as
  * cffi's onerror hook makes it on the Python path.  The views are read from
- * the ViewCaches' own dicts (ffi.ops binds them), so a view is made, checked
- * and cached in one place, by Python.
+ * the ViewCaches' own dicts (ffi.ops.FAST_ROWS names them), so a view is
+ * made, checked and cached in one place, by Python.
  *
  * What it saves: the cffi callback's entry and argument boxing, and reading
  * each descriptor through cffi cdata (about a microsecond per operand).
  *
  * Anything out of the ordinary declines before anything is done, and the
  * export's cffi path (the reference) then does everything, error texts
- * included: the table not bound yet (ffi.ops not imported: its first call
- * takes the cffi path, which imports it) or unbound (KINA_FX_PURE_PYTHON=1
- * never binds it), a null memref or descriptor, a rank out of range, a
+ * included: the C ABI's fast paths off (KINA_FX_PURE_PYTHON=1, or turned
+ * off), ffi.ops not imported yet (its first call takes the cffi path, which
+ * imports it; the next one reads its FAST_ROWS), a null memref or descriptor, a rank out of range, a
  * descriptor whose view is not cached yet (the cffi path makes it), another
  * backend selected (KINA_FX_DEVICE), an op whose row is not bound (those
  * checking a device ordinal), or a thread without a Python thread state.
@@ -32,15 +32,33 @@ typedef struct {
 #define KFX_OP_MAX_PARAMS 8
 #define KFX_OP_MAX_RANK 32        /* kina_fx.h: KINA_MAX_RANK */
 
-static PyObject *g_op_rows;       /* tuple: per op, (effect, (views dict per memref, ...)) or None */
-static PyObject *g_cpu_selected;  /* callable: True when the CPU backend is selected */
-static PyObject *g_op_perform;    /* handlers.perform */
+/* ffi.ops.FAST_ROWS (1) when it has the expected shape: per op, None or
+ * (effect, (the ViewCache dict of each memref operand, ...)); else 0. */
+int
+kfx_check_op_rows(PyObject *rows)
+{
+    if (!PyTuple_Check(rows))
+        return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(rows); i++) {
+        PyObject *row = PyTuple_GET_ITEM(rows, i);
+        if (row == Py_None)
+            continue;
+        PyObject *dicts = PyTuple_Check(row) && PyTuple_GET_SIZE(row) == 2 ? PyTuple_GET_ITEM(row, 1) : NULL;
+        int ok = dicts != NULL && PyTuple_Check(dicts) && PyTuple_GET_SIZE(dicts) >= 1
+            && PyTuple_GET_SIZE(dicts) <= KFX_OP_MAX_OPERANDS;
+        for (Py_ssize_t k = 0; ok && k < PyTuple_GET_SIZE(dicts); k++)
+            ok = PyDict_CheckExact(PyTuple_GET_ITEM(dicts, k));
+        if (!ok)
+            return 0;
+    }
+    return 1;
+}
 
 int
 kfx_fast_runtime_op(int32_t op, void *const *memrefs, int32_t nmem, const int32_t *params,
                     int32_t nparams, int32_t *status)
 {
-    if (g_op_rows == NULL || g_cclause_t == NULL || op < 0 || nmem < 1
+    if (!kfx_c_abi_on || op < 0 || nmem < 1
             || nmem > KFX_OP_MAX_OPERANDS || nparams < 0 || nparams > KFX_OP_MAX_PARAMS)
         return KINA_FAST_DECLINED;
     Py_ssize_t bytes[KFX_OP_MAX_OPERANDS];
@@ -53,7 +71,11 @@ kfx_fast_runtime_op(int32_t op, void *const *memrefs, int32_t nmem, const int32_
     kfx_gil_call g;
     if (!kfx_gil_enter(&g))
         return KINA_FAST_DECLINED;
-    /* Held: Python code run below (cpu_selected, perform) may rebind the table. */
+    if (kfx_import_op_collaborators() <= 0) {        /* ffi.ops not imported yet */
+        PyErr_Clear();
+        kfx_gil_leave(&g);
+        return KINA_FAST_DECLINED;
+    }
     PyObject *rows = Py_XNewRef(g_op_rows);
     PyObject *row = rows != NULL && op < PyTuple_GET_SIZE(rows) ? PyTuple_GET_ITEM(rows, op) : Py_None;
     if (row == Py_None || PyTuple_GET_SIZE(PyTuple_GET_ITEM(row, 1)) != nmem) {
@@ -117,49 +139,3 @@ kfx_fast_runtime_op(int32_t op, void *const *memrefs, int32_t nmem, const int32_
     kfx_gil_leave(&g);
     return KINA_FAST_DONE;
 }
-
-PyDoc_STRVAR(bind_runtime_ops_doc,
-"_bind_runtime_ops(rows, cpu_selected, perform)\n--\n\n"
-"Called by kina_fx.ffi.ops: per row of the runtime op table, (effect, (the\n"
-"ViewCache dict of each memref operand, outputs first)) or None (not on the\n"
-"fast path); cpu_selected() says whether the CPU backend is selected.\n"
-"_bind_runtime_ops(None) turns the fast path off.");
-
-static PyObject *
-bind_runtime_ops(PyObject *Py_UNUSED(module), PyObject *args)
-{
-    PyObject *rows, *cpu = NULL, *perform = NULL;
-    if (PyTuple_GET_SIZE(args) == 1 && PyTuple_GET_ITEM(args, 0) == Py_None) {
-        Py_CLEAR(g_op_rows);
-        Py_RETURN_NONE;
-    }
-    if (!PyArg_ParseTuple(args, "O!OO:_bind_runtime_ops", &PyTuple_Type, &rows, &cpu, &perform))
-        return NULL;
-    if (!PyCallable_Check(cpu) || !PyCallable_Check(perform)) {
-        PyErr_SetString(PyExc_TypeError, "_bind_runtime_ops: cpu_selected and perform must be callable");
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(rows); i++) {
-        PyObject *row = PyTuple_GET_ITEM(rows, i);
-        if (row == Py_None)
-            continue;
-        PyObject *dicts = PyTuple_Check(row) && PyTuple_GET_SIZE(row) == 2 ? PyTuple_GET_ITEM(row, 1) : NULL;
-        int ok = dicts != NULL && PyTuple_Check(dicts) && PyTuple_GET_SIZE(dicts) >= 1
-            && PyTuple_GET_SIZE(dicts) <= KFX_OP_MAX_OPERANDS;
-        for (Py_ssize_t k = 0; ok && k < PyTuple_GET_SIZE(dicts); k++)
-            ok = PyDict_CheckExact(PyTuple_GET_ITEM(dicts, k));
-        if (!ok) {
-            PyErr_Format(PyExc_TypeError, "_bind_runtime_ops: row %zd is not (effect, (dict, ...))", i);
-            return NULL;
-        }
-    }
-    Py_XSETREF(g_cpu_selected, Py_NewRef(cpu));
-    Py_XSETREF(g_op_perform, Py_NewRef(perform));
-    Py_XSETREF(g_op_rows, Py_NewRef(rows));
-    Py_RETURN_NONE;
-}
-
-PyMethodDef kfx_op_calls_methods[] = {
-    {"_bind_runtime_ops", bind_runtime_ops, METH_VARARGS, bind_runtime_ops_doc},
-    {NULL, NULL, 0, NULL},
-};

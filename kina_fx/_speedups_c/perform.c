@@ -39,10 +39,10 @@
  * place.  This C frame is invisible; the walk checks each link's callee by
  * name, which rejects it, except when the clause function is itself named
  * ``perform``.  Then a _TailResume comes back through here, and we drive it
- * right here, before popping the marker (handlers._resume_nested): what the
- * Python version does (tests/effects/test_speedups.py has the case).
+ * right here, before popping the marker (kfx_nest_drive): what the Python
+ * version does (tests/effects/test_speedups.py has the case).
  *
- * Assumptions (checked once, in _bind): Fiber, ThreadState and _Skip derive
+ * Assumptions (checked when module.c imports them): Fiber, ThreadState and _Skip derive
  * from the C core's data types (types.c, through fibers.data_type)
  * without shadowing a field; the fields of instances of exactly those classes
  * are read and written as struct fields (others go through getattr).  Handler
@@ -54,29 +54,15 @@
  */
 #include "speedups.h"
 
-PyObject *g_local;
-PyTypeObject *g_fiber_t;
-PyTypeObject *g_tstate_t;
-PyTypeObject *g_skip_t;
-PyTypeObject *g_handler_t;
-PyTypeObject *g_tail_t;
-PyObject *g_handler_fun;
-PyObject *g_handler_on;
-PyObject *g_unhandled;
-PyObject *g_effect_t;
-PyObject *g_suspend;
-PyObject *g_nested;
-PyObject *g_forward;
-
 
 /* ``fibers.local.state`` is created once per OS thread and never replaced.
  * Reading it through threading.local costs about as much as the rest of a
  * perform, so each thread's state is also kept in that thread's own
- * PyThreadState dict (under a key made by _bind: a strong reference that lives
+ * PyThreadState dict (under a key made at import: a strong reference that lives
  * as long as the thread), and the last thread's in a borrowed one-entry cache
  * keyed by the thread state's unique id (ids are never reused, so a stale
  * entry never matches). */
-PyObject *state_key;               /* new object per _bind                      */
+PyObject *state_key;               /* a private object (module.c makes it)      */
 uint64_t cached_tid;               /* 0: nothing cached                         */
 PyObject *cached_state;            /* borrowed; owned by that thread's dict     */
 
@@ -383,13 +369,10 @@ pop_marker(PyObject *st, PyObject *marker)
         }
     }
     else {
-        /* Not a list (never, from kina_fx itself): the reference does it. */
-        PyObject *mod = PyImport_ImportModule("kina_fx.handlers");
-        PyObject *fn = mod == NULL ? NULL : PyObject_GetAttrString(mod, "_remove_marker");
-        Py_XDECREF(mod);
+        /* Not a list (never, from kina_fx itself): the reference does it
+         * (fallback: "a handler stack that is not a list"). */
         PyObject *call[2] = {stack, marker};
-        item = fn == NULL ? NULL : PyObject_Vectorcall(fn, call, 2, NULL);
-        Py_XDECREF(fn);
+        item = PyObject_Vectorcall(g_remove_marker, call, 2, NULL);
     }
     Py_DECREF(stack);
     return item;
@@ -595,11 +578,8 @@ PyDoc_STRVAR(perform_doc,
 static PyObject *
 refuse_keywords(PyObject *effect, PyObject *kwnames)
 {
-    PyObject *handlers = PyImport_ImportModule("kina_fx.handlers");
-    if (handlers == NULL)
-        return NULL;
-    PyObject *exc = PyObject_CallMethod(handlers, "keyword_arguments_error", "OO", effect, kwnames);
-    Py_DECREF(handlers);
+    PyObject *call[2] = {effect, kwnames};
+    PyObject *exc = PyObject_Vectorcall(g_keyword_arguments_error, call, 2, NULL);
     if (exc != NULL) {
         PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
         Py_DECREF(exc);
@@ -614,12 +594,10 @@ perform(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs, Py
         PyErr_SetString(PyExc_TypeError, "perform() missing 1 required positional argument: 'effect'");
         return NULL;
     }
+    if (!KFX_READY())
+        return NULL;
     if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)
         return refuse_keywords(args[0], kwnames);
-    if (g_local == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "kina_fx._speedups is not bound (kina_fx.handlers binds it)");
-        return NULL;
-    }
     PyObject *effect = args[0];
     PyObject *const *cargs = args + 1;
     Py_ssize_t n = nargs - 1;
@@ -687,7 +665,16 @@ search:
     Py_CLEAR(clause);
     if (result != NULL && Py_TYPE(result) == g_tail_t) {
         /* see the top of this file: nest as the Python frame would have */
-        Py_SETREF(result, PyObject_CallOneArg(g_nested, result));
+        PyObject *chain = Py_XNewRef(SLOT(result, off_tr_chain)), *send = Py_XNewRef(SLOT(result, off_tr_send));
+        Py_DECREF(result);
+        if (chain == NULL || send == NULL) {
+            Py_XDECREF(chain);
+            Py_XDECREF(send);
+            PyErr_SetString(PyExc_TypeError, "kina_fx: incomplete _TailResume");
+            result = NULL;
+        }
+        else
+            result = kfx_nest_drive(chain, send);
     }
     /* finally: st.current.stack.pop() */
     PyObject *pending = result == NULL ? exc_save() : NULL;

@@ -2,9 +2,10 @@
  *
  * What it mirrors: handlers._suspend_perform with fibers.post / suspend /
  * _switch (rt_suspend), fibers.switch_into (rt_switch_into), the loop of
- * handlers._drive (rt_drive, whose eager abort calls the Python
+ * handlers._drive_py (rt_drive, whose eager abort calls the Python
  * handlers._abort_unless_kept), Continuation.resume with handlers._resume_from
- * (rt_resume) and Continuation.__del__ (rt_del).  The details are below.
+ * (rt_resume, the ``resume`` ContinuationData gives its subclasses) and
+ * Continuation.__del__ (ContinuationData's finalizer).  The details are below.
  */
 #include "speedups.h"
 
@@ -21,20 +22,19 @@
  *
  *   rt_suspend      handlers._suspend_perform + fibers.post + fibers.suspend
  *                   + fibers._switch (the perform side; called by perform()'s
- *                   ``on`` branch).  Falls back when the base fiber has no
- *                   resumer (a chain being unwound) or an object is not of
- *                   the exact kina_fx type.
+ *                   ``on`` branch).
  *   rt_switch_into  fibers.switch_into + fibers._switch (the resumer side;
- *                   handlers._drive and Stepper._step call it).  Falls back
- *                   for a chain whose top fiber has not started yet (it needs
- *                   a worker from the trampoline), a fiber of another thread,
- *                   a consumed chain (InternalError) and pending dropped
- *                   chains of other threads (_unwind_dropped).
- *   rt_resume       Continuation.resume (installed on the class as a method
- *                   descriptor): the one-shot/shallow/thread checks, then
- *                   handlers._resume_from with the tail check.  Keyword
- *                   arguments, subclasses and every failing check call the
- *                   Python method (kept as handlers._resume_py), which raises.
+ *                   the driver loop and Stepper._step call it).
+ *   rt_resume       Continuation.resume (the method ContinuationData gives
+ *                   each class deriving from it, which comes before the
+ *                   reference, handlers._ContinuationReference.resume, in
+ *                   Continuation's MRO): the one-shot/shallow/thread checks,
+ *                   then handlers._resume_from with the tail check.
+ *   rt_drive        the loop of handlers._drive_py.
+ *
+ * The cases each hands to its Python reference are the rows of the table
+ * "What the C core hands to Python" in docs/effects.md, named at each place
+ * below (``fallback: <row>``).
  *
  * Invariants kept (fibers.py has them in full):
  * - The message travels through ThreadState.mail, never as a switch()
@@ -54,8 +54,6 @@
  *   Python attribute store it transcribes.
  */
 
-static int rt_bound;
-
 /* greenlet's C API (greenlet._C_API; its greenlet.h numbers the entries and
  * promises they do not change): greenlet.switch without a method lookup. */
 #define GREENLET_TYPE_NUM 0
@@ -63,26 +61,18 @@ static int rt_bound;
 static PyTypeObject *g_greenlet_t;
 static PyObject *(*g_greenlet_switch)(PyObject *glet, PyObject *args, PyObject *kwargs);
 
-static void
-bind_greenlet_api(void)
+int
+kfx_init_round_trip(void)
 {
     void **api = PyCapsule_Import("greenlet._C_API", 0);
     if (api == NULL) {
         PyErr_Clear();               /* the method call still works */
-        return;
+        return 0;
     }
     g_greenlet_switch = (PyObject *(*)(PyObject *, PyObject *, PyObject *))api[GREENLET_SWITCH_NUM];
     g_greenlet_t = g_greenlet_switch != NULL ? (PyTypeObject *)api[GREENLET_TYPE_NUM] : NULL;
+    return 0;
 }
-PyTypeObject *g_chain_t;      /* fibers.Chain                             */
-PyTypeObject *g_cont_t;       /* handlers.Continuation                    */
-static PyObject *g_gexit;            /* greenlet.GreenletExit                    */
-static PyObject *g_unwind;           /* fibers.Unwind                            */
-static PyObject *g_begin_unwind;     /* fibers._begin_unwind_here                */
-static PyObject *g_switch_into_py;   /* fibers.switch_into                       */
-static PyObject *g_resume_py;        /* the Python Continuation.resume           */
-PyObject *g_performed;        /* handlers.PERFORMED                       */
-PyObject *g_returned, *g_raised; /* fibers.RETURNED, fibers.RAISED        */
 
 /* obj.<slot at off> = v (v borrowed). */
 static inline void
@@ -179,15 +169,6 @@ new_chain_object(PyTypeObject *tp)
     return tp->tp_alloc(tp, 0);
 }
 
-static void
-flush_chain_caches(void)
-{
-    while (conts_cached > 0)
-        Py_DECREF(cont_cache[--conts_cached]);
-    while (chains_cached > 0)
-        Py_DECREF(chain_cache[--chains_cached]);
-}
-
 /* The small tuples of the protocol (a send pair, the two tuples of a perform
  * message, a perform's arguments) are kept for reuse once a C reader is done
  * with them and nobody else holds them; kfx_tuple(n, ...) makes one (n <= 3)
@@ -266,29 +247,6 @@ release_tail_resume(PyObject *tr)
     Py_DECREF(tr);
 }
 
-/* A resume not in tail position nests a driver (handlers._resume_from):
- * handlers._drive (the one-line Python frame the tail check looks for), or
- * past _HOP_DEPTH frames handlers._drive_on_fresh_stack.  Bound by
- * _bind_drive; without it rt_resume calls handlers._resume_nested. */
-static PyObject *g_drive_fn, *g_drive_fresh;
-static int g_hop_depth;
-
-/* handlers._stack_is_deep: the Python stack of this greenlet is deeper than
- * _HOP_DEPTH frames, as the thread state counts calls. */
-static int
-stack_is_deep(void)
-{
-    PyThreadState *ts = PyThreadState_Get();
-#if PY_VERSION_HEX >= 0x030C0000
-    int depth = ts->py_recursion_limit - ts->py_recursion_remaining;
-#elif PY_VERSION_HEX >= 0x030B0000
-    int depth = ts->recursion_limit - ts->recursion_remaining;
-#else
-    int depth = ts->recursion_depth;
-#endif
-    return depth > g_hop_depth;
-}
-
 /* ``if send[0]: raise send[1]`` / ``return send[1]``; steals ``send``. */
 static PyObject *
 rt_answer(PyObject *send)
@@ -320,17 +278,17 @@ rt_answer(PyObject *send)
 PyObject *
 rt_suspend(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, PyObject *h)
 {
-    if (!rt_bound || Py_TYPE(f) != g_fiber_t)
+    if (Py_TYPE(f) != g_fiber_t)     /* fallback: "not the exact kina_fx types" */
         return suspend_py(effect, args, n, f, h);
     PyObject *parent = SLOT(f, off_parent), *shallow = SLOT(f, off_shallow);
     if (parent == NULL || Py_TYPE(parent) != g_fiber_t || shallow == NULL ||
-            SLOT(parent, off_glet) == NULL)
-        return suspend_py(effect, args, n, f, h);    /* no resumer: being unwound */
+            SLOT(parent, off_glet) == NULL)     /* fallback: "a chain being unwound performs" */
+        return suspend_py(effect, args, n, f, h);
     PyObject *st = thread_state();
     if (st == NULL)
         goto fail;
     PyObject *cur = SLOT(st, off_current);
-    if (cur == NULL || Py_TYPE(cur) != g_fiber_t) {
+    if (cur == NULL || Py_TYPE(cur) != g_fiber_t) {  /* fallback: "not the exact kina_fx types" */
         Py_DECREF(st);
         return suspend_py(effect, args, n, f, h);
     }
@@ -414,8 +372,12 @@ kfx_switch_into_stealing(PyObject *chain, PyObject *send)
         Py_DECREF(send);
         return NULL;
     }
+    if (!KFX_READY()) {
+        Py_DECREF(send);
+        return NULL;
+    }
     PyTypeObject *ct = Py_TYPE(chain);
-    if (!rt_bound || (ct != g_chain_t && ct != g_cont_t))
+    if (ct != g_chain_t && ct != g_cont_t)       /* fallback: "not the exact kina_fx types" */
         goto py;
     PyObject *st = thread_state();
     if (st == NULL) {
@@ -430,6 +392,9 @@ kfx_switch_into_stealing(PyObject *chain, PyObject *send)
             SLOT(top, off_job) != Py_None || SLOT(top, off_glet) == NULL ||
             SLOT(top, off_glet) == Py_None ||
             !same_serial(SLOT(top, off_thread), SLOT(me, off_thread))) {
+        /* fallback: "chains dropped by other threads", "not the exact kina_fx
+         * types", "a consumed chain", "a fiber's first start", "another
+         * thread's chain" */
         Py_DECREF(st);
         goto py;
     }
@@ -476,18 +441,22 @@ switch_into(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
 static PyObject *
 rt_resume(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    if (kwnames != NULL || nargs > 1 || Py_TYPE(self) != g_cont_t || !rt_bound)
+    if (!KFX_READY())
+        return NULL;
+    /* fallback: "keyword arguments", "a subclass of Continuation" */
+    if (kwnames != NULL || nargs > 1 || Py_TYPE(self) != g_cont_t)
         goto py;
     PyObject *top = SLOT(self, off_top), *base = SLOT(self, off_base);
     if (top == NULL || base == NULL || Py_TYPE(top) != g_fiber_t ||
             SLOT(self, off_k_shallow) != Py_False)
-        goto py;
+        goto py;                     /* fallback: "a resume that raises" */
     PyObject *st = thread_state();
     if (st == NULL)
         return NULL;
     int mine = same_serial(SLOT(top, off_thread), SLOT(st, off_serial));
     Py_DECREF(st);
     PyFrameObject *caller = PyEval_GetFrame();       /* borrowed: our caller */
+    /* fallback: "a resume that raises", "no Python caller" */
     if (!mine || caller == NULL)
         goto py;
     Py_INCREF(caller);
@@ -518,24 +487,11 @@ rt_resume(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
     }
     if (tail)                        /* _TailResume(chain, send) for the driver */
         return new_tail_resume(chain, send);
-    /* not a tail resume: nest (the deep-stack hop, or _drive) */
-    PyObject *r;
-    if (g_drive_fn != NULL) {
-        PyObject *call[2] = {chain, send};
-        r = PyObject_Vectorcall(stack_is_deep() ? g_drive_fresh : g_drive_fn, call, 2, NULL);
-        kfx_release_chain(chain);
-        Py_DECREF(send);
-    }
-    else {
-        PyObject *tr = new_tail_resume(chain, send);
-        r = tr == NULL ? NULL : PyObject_CallOneArg(g_nested, tr);
-        Py_XDECREF(tr);
-    }
-    return r;
+    return kfx_nest_drive(chain, send);
 
 py:;
-    /* The Python method (it raises the matching error); its sys._getframe(1)
-     * is our caller too, a C method having no frame. */
+    /* The reference method (it raises the matching error); its
+     * sys._getframe(1) is our caller too, a C method having no frame. */
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
     PyObject *stack[8];
     if (nargs + nkw > 7) {
@@ -551,8 +507,46 @@ py:;
 static PyMethodDef resume_def = {
     "resume", (PyCFunction)(void (*)(void))rt_resume, METH_FASTCALL | METH_KEYWORDS,
     "resume($self, value=None, /)\n--\n\n"
-    "OCaml ``continue k value``: returns what the handler returns.  (Compiled\n"
-    "Continuation.resume; kina_fx.handlers._resume_py is the reference.)"};
+    "OCaml ``continue k value``: returns what the handler returns.  (Compiled;\n"
+    "kina_fx.handlers._ContinuationReference.resume is the reference.)"};
+
+/* ContinuationData.__init_subclass__: each class deriving from it gets the
+ * compiled resume as its own method.  Why its own: CPython (3.11+) calls a C
+ * method by its specialized path only when the receiver's class is exactly
+ * the method's; inherited from ContinuationData, every k.resume(x) would take
+ * the generic path (~170 instructions more a round trip).  A class that
+ * defines its own resume keeps it.  Then the next __init_subclass__ of the
+ * MRO (typing.Generic's, object's) runs, as for any class. */
+static PyObject *
+continuation_init_subclass(PyObject *cls, PyObject *args, PyObject *kwargs)
+{
+    PyObject *name = PyUnicode_InternFromString(resume_def.ml_name);
+    if (name == NULL)
+        return NULL;
+    int own = PyDict_Contains(((PyTypeObject *)cls)->tp_dict, name);
+    if (own == 0) {
+        PyObject *descr = PyDescr_NewMethod((PyTypeObject *)cls, &resume_def);
+        own = descr == NULL ? -1 : PyObject_SetAttr(cls, name, descr);
+        Py_XDECREF(descr);
+    }
+    Py_DECREF(name);
+    if (own < 0)
+        return NULL;
+    PyObject *next = PyObject_CallFunctionObjArgs((PyObject *)&PySuper_Type,
+                                                  (PyObject *)&KContinuation_Type, cls, NULL);
+    PyObject *init = next == NULL ? NULL : PyObject_GetAttrString(next, "__init_subclass__");
+    Py_XDECREF(next);
+    PyObject *r = init == NULL ? NULL : PyObject_Call(init, args, kwargs);
+    Py_XDECREF(init);
+    return r;
+}
+
+PyMethodDef kfx_continuation_methods[] = {
+    {"__init_subclass__", (PyCFunction)(void (*)(void))continuation_init_subclass,
+     METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "Give the new class the compiled resume as its own method (round_trip.c)."},
+    {NULL, NULL, 0, NULL},
+};
 
 /* The eager abort of handlers._drive: after a clause returned ``*result`` (or
  * raised: *result NULL) without using its continuation ``*k`` (``k.top`` is
@@ -561,13 +555,9 @@ static PyMethodDef resume_def = {
  * Returns -1 when that raised (the cleanup's exception, now set, replaces the
  * clause's result or exception), 0 otherwise (*result and any exception of the
  * clause unchanged). */
-static PyObject *g_abort_unless_kept;  /* handlers._abort_unless_kept (_bind_abort) */
-
 static int
 abort_unless_kept(PyObject **k, PyObject *handler, PyObject **result)
 {
-    if (g_abort_unless_kept == NULL)
-        return 0;
     PyObject *exc = *result == NULL ? exc_save() : NULL;
     PyObject *top = Py_TYPE(*k) == g_cont_t ? Py_XNewRef(SLOT(*k, off_top))
                                             : PyObject_GetAttrString(*k, "top");
@@ -605,27 +595,9 @@ abort_unless_kept(PyObject **k, PyObject *handler, PyObject **result)
     return 0;
 }
 
-PyDoc_STRVAR(bind_abort_doc,
-"_bind_abort($module, abort_unless_kept, /)\n--\n\n"
-"Called by kina_fx.handlers: the driver loop's eager abort (handlers._abort_unless_kept).");
-
-static PyObject *
-bind_abort(PyObject *Py_UNUSED(module), PyObject *fn)
-{
-    if (!PyCallable_Check(fn)) {
-        PyErr_SetString(PyExc_TypeError, "_bind_abort needs a callable");
-        return NULL;
-    }
-    Py_XSETREF(g_abort_unless_kept, Py_NewRef(fn));
-    Py_RETURN_NONE;
-}
-
-/* handlers._drive's loop (the Python function of that name is the reference).
- * handlers binds it behind a one-line Python ``_drive`` frame, so that the
- * clauses called from here still have a driver frame to return to (the tail
- * check looks for its code).  That frame holds the first (chain, send), as
- * the callers of the Python _drive do; the chains and sends of later tail
- * resumes are dropped here as soon as the switch has taken them. */
+/* handlers._drive_py's loop.  Call it through drive_from_here, never
+ * directly: the tail check must know it runs.  The chains and sends of tail
+ * resumes are dropped as soon as the switch has taken them. */
 static PyObject *
 rt_drive(PyObject *chain, PyObject *send)
 {
@@ -738,10 +710,82 @@ rt_drive(PyObject *chain, PyObject *send)
     }
 }
 
+/* ---- which frame a driver loop was called from -------------------------------- *
+ *
+ * The tail check (tail.c) stops at the driver loop's frame.  The C loop has
+ * none, so the frame it was called from stands for it while it runs: it is
+ * the f_back of every clause the loop calls, as the Python loop's frame is.
+ * A walk up from a resume meets the innermost running loop's frame before
+ * any outer one's (each is an ancestor of the next), and every frame of the
+ * walk belongs to the running fiber, whose stack is last in, first out: so
+ * the fiber keeps just that innermost frame (KFiber.driver_frame), and a loop
+ * restores the one it found when it ends.  The frame is borrowed: its own
+ * execution, stopped in the call of the loop, keeps it alive meanwhile, and
+ * it is only ever compared. */
+
+int
+kfx_drives_from(PyObject *frame)
+{
+    return kfx_current != NULL && frame != NULL && kfx_current->driver_frame == frame;
+}
+
+/* rt_drive, with the frame of its caller as this fiber's driver frame while
+ * it runs (no Python caller: no frame; its clauses' resumes then nest). */
+static PyObject *
+drive_from_here(PyObject *chain, PyObject *send)
+{
+    KFiber *fiber = kfx_current;
+    PyObject *frame = (PyObject *)PyEval_GetFrame();      /* borrowed */
+    if (frame == NULL && PyErr_Occurred())
+        return NULL;
+    if (fiber == NULL)
+        return rt_drive(chain, send);
+    Py_INCREF(fiber);
+    PyObject *outer = fiber->driver_frame;
+    fiber->driver_frame = frame;
+    PyObject *r = rt_drive(chain, send);
+    fiber->driver_frame = outer;
+    Py_DECREF(fiber);
+    return r;
+}
+
+/* handlers._stack_is_deep: the Python stack of this greenlet is deeper than
+ * _HOP_DEPTH frames, as the thread state counts calls. */
+static int
+stack_is_deep(void)
+{
+    PyThreadState *ts = PyThreadState_Get();
+#if PY_VERSION_HEX >= 0x030C0000
+    int depth = ts->py_recursion_limit - ts->py_recursion_remaining;
+#elif PY_VERSION_HEX >= 0x030B0000
+    int depth = ts->recursion_limit - ts->recursion_remaining;
+#else
+    int depth = ts->recursion_depth;
+#endif
+    return depth > g_hop_depth;
+}
+
+/* A resume not in tail position nests a driver loop here (handlers._resume_from):
+ * past _HOP_DEPTH frames on a fresh helper fiber (handlers._drive_on_fresh_stack). */
+PyObject *
+kfx_nest_drive(PyObject *chain, PyObject *send)
+{
+    PyObject *r;
+    if (stack_is_deep()) {
+        PyObject *call[2] = {chain, send};
+        r = PyObject_Vectorcall(g_drive_fresh, call, 2, NULL);
+    }
+    else
+        r = drive_from_here(chain, send);
+    kfx_release_chain(chain);
+    Py_DECREF(send);
+    return r;
+}
+
 PyDoc_STRVAR(drive_doc,
 "drive($module, chain, send, /)\n--\n\n"
-"Compiled loop of kina_fx.handlers._drive (call it from a frame running the\n"
-"driver code bound with _bind_tail).");
+"Compiled kina_fx.handlers._drive_py: resume ``chain`` and run the clauses of\n"
+"whichever handlers it stops at; return the handler's result.");
 
 static PyObject *
 drive(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
@@ -750,20 +794,16 @@ drive(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "drive(chain, send) takes 2 arguments");
         return NULL;
     }
-    if (!rt_bound) {
-        PyErr_SetString(PyExc_RuntimeError, "kina_fx._speedups: _bind_round_trip was not called");
+    if (!KFX_READY())
         return NULL;
-    }
-    return rt_drive(args[0], args[1]);
+    return drive_from_here(args[0], args[1]);
 }
 
-/* Continuation.__del__ as ContinuationData's tp_finalize (the Python method
- * is kept as handlers._del_py; handlers deletes it from the class so that
- * this runs): a continuation dropped unused is unwound, except at
- * interpreter exit.  Every round trip frees one continuation; here that
- * costs no method lookup and no call. */
-static PyObject *g_unwind_fn;        /* fibers.unwind                            */
-
+/* Continuation.__del__ as ContinuationData's tp_finalize (the reference is
+ * handlers._ContinuationReference.__del__, after it in Continuation's MRO):
+ * a continuation dropped unused is unwound, except at interpreter exit.
+ * Every round trip frees one continuation; here that costs no method lookup
+ * and no call. */
 void
 kfx_continuation_finalize(PyObject *self)
 {
@@ -773,94 +813,17 @@ kfx_continuation_finalize(PyObject *self)
 #else
     int finalizing = _Py_IsFinalizing();
 #endif
-    if (g_unwind_fn == NULL || top == NULL || top == Py_None || finalizing)
+    if (top == NULL || top == Py_None || finalizing)
         return;
     PyObject *pending = exc_save();  /* a finalizer keeps the exception being raised */
-    PyObject *r = PyObject_CallOneArg(g_unwind_fn, self);
+    PyObject *r = KFX_READY() ? PyObject_CallOneArg(g_unwind_fn, self) : NULL;
     if (r == NULL)
         PyErr_WriteUnraisable(self);
     Py_XDECREF(r);
     exc_restore(pending);
 }
 
-PyDoc_STRVAR(bind_round_trip_doc,
-"_bind_round_trip(Chain, Continuation, GreenletExit, Unwind, begin_unwind_here, switch_into,\n"
-"                 resume, PERFORMED, RETURNED, RAISED, unwind)\n--\n\n"
-"Called by kina_fx.handlers after _bind: what the compiled round trip works with.\n"
-"Returns the compiled ``resume`` method descriptor for Continuation (its\n"
-"__del__ is ContinuationData's finalizer once the class has none of its own).");
-
-static PyObject *
-bind_round_trip(PyObject *Py_UNUSED(module), PyObject *args)
-{
-    PyObject *chain_t, *cont_t, *gexit, *unwind_t, *begin, *sw, *res, *performed, *returned, *raised,
-             *unwind_fn;
-    if (!PyArg_ParseTuple(args, "O!O!OOOOOOOOO:_bind_round_trip", &PyType_Type, &chain_t,
-                          &PyType_Type, &cont_t, &gexit, &unwind_t, &begin, &sw, &res, &performed,
-                          &returned, &raised, &unwind_fn))
-        return NULL;
-    if (g_fiber_t == NULL || g_tstate_t == NULL || g_tail_t == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_bind_round_trip: call _bind first");
-        return NULL;
-    }
-    if (!PyCallable_Check(begin) || !PyCallable_Check(sw) || !PyCallable_Check(res) ||
-            !PyCallable_Check(unwind_fn) ||
-            !PyExceptionClass_Check(gexit) || !PyExceptionClass_Check(unwind_t)) {
-        PyErr_SetString(PyExc_TypeError, "_bind_round_trip: bad arguments");
-        return NULL;
-    }
-    if (check_data_type(chain_t, &KChain_Type, "Chain") ||
-            check_data_type(cont_t, &KContinuation_Type, "Continuation"))
-        return NULL;
-    PyObject *descr = PyDescr_NewMethod((PyTypeObject *)cont_t, &resume_def);
-    if (descr == NULL)
-        return NULL;
-    Py_XSETREF(g_chain_t, (PyTypeObject *)Py_NewRef(chain_t));
-    Py_XSETREF(g_cont_t, (PyTypeObject *)Py_NewRef(cont_t));
-    Py_XSETREF(g_gexit, Py_NewRef(gexit));
-    Py_XSETREF(g_unwind, Py_NewRef(unwind_t));
-    Py_XSETREF(g_begin_unwind, Py_NewRef(begin));
-    Py_XSETREF(g_switch_into_py, Py_NewRef(sw));
-    Py_XSETREF(g_resume_py, Py_NewRef(res));
-    Py_XSETREF(g_performed, Py_NewRef(performed));
-    Py_XSETREF(g_returned, Py_NewRef(returned));
-    Py_XSETREF(g_raised, Py_NewRef(raised));
-    Py_XSETREF(g_unwind_fn, Py_NewRef(unwind_fn));
-    if (g_greenlet_t == NULL)
-        bind_greenlet_api();
-    flush_chain_caches();            /* rebinding: of the old classes */
-    rt_bound = 1;
-    return descr;
-}
-
-PyDoc_STRVAR(bind_drive_doc,
-"_bind_drive(drive, drive_on_fresh_stack, hop_depth)\n--\n\n"
-"Called by kina_fx.handlers: what a resume that is not in tail position calls\n"
-"(handlers._drive, handlers._drive_on_fresh_stack past hop_depth frames).");
-
-static PyObject *
-bind_drive(PyObject *Py_UNUSED(module), PyObject *args)
-{
-    PyObject *drive_fn, *fresh;
-    int hop;
-    if (!PyArg_ParseTuple(args, "OOi:_bind_drive", &drive_fn, &fresh, &hop))
-        return NULL;
-    if (!PyCallable_Check(drive_fn) || !PyCallable_Check(fresh)) {
-        PyErr_SetString(PyExc_TypeError, "_bind_drive: drive and drive_on_fresh_stack must be callable");
-        return NULL;
-    }
-    Py_XSETREF(g_drive_fn, Py_NewRef(drive_fn));
-    Py_XSETREF(g_drive_fresh, Py_NewRef(fresh));
-    g_hop_depth = hop;
-    while (tails_cached > 0)         /* rebinding: of the old class */
-        Py_DECREF(tail_cache[--tails_cached]);
-    Py_RETURN_NONE;
-}
-
 PyMethodDef kfx_round_trip_methods[] = {
-    {"_bind_drive", bind_drive, METH_VARARGS, bind_drive_doc},
-    {"_bind_round_trip", bind_round_trip, METH_VARARGS, bind_round_trip_doc},
-    {"_bind_abort", bind_abort, METH_O, bind_abort_doc},
     {"switch_into", (PyCFunction)(void (*)(void))switch_into, METH_FASTCALL, switch_into_doc},
     {"drive", (PyCFunction)(void (*)(void))drive, METH_FASTCALL, drive_doc},
     {NULL, NULL, 0, NULL},

@@ -10,15 +10,23 @@
  *   c_abi.c       kina_perform from C answered by C handlers
  *                          (ffi.effects.kina_py_perform + CClause)
  *   tail.c        the tail-resume check
- *                          (handlers._returns_straight_to_driver)
+ *                          (handlers._returns_straight_to_driver_py)
  *   round_trip.c  an ``on`` perform + resume: suspend, switch_into,
  *                          the driver loop, Continuation.resume / __del__
+ *   c_fibers.c    the C ABI's host fibers (handlers.Stepper._step and the
+ *                          kina_py_* getters of ffi.effects)
+ *   nogil.c       kina_perform's search over C handlers without the GIL
  *   op_calls.c    a runtime op export called from C, CPU backend
  *                          (the CPU path of ffi.ops' callbacks)
  *   buffers.c     the byte comparison of a tape's overwrite check
  *                          (autograd.memory._unchanged)
- *   module.c      the module: binding (what handlers.py hands over at
- *                          import), the method table, the _C_API capsule
+ *   types.c       the data of the protocol's types (the classes' fields)
+ *   module.c      the module: the Python collaborators it imports (at
+ *                          first use), the method table, the _C_API capsule
+ *
+ * Where the C core hands a case to the Python reference instead: the table
+ * "What the C core hands to Python" in docs/effects.md (each such place
+ * in the C files names its row there, ``fallback: <row>``).
  *
  * The module state is process-global and the GIL protects it (one
  * interpreter; no free-threaded build).  Every shared symbol is hidden: the
@@ -50,6 +58,9 @@ typedef struct {
     PyObject *stack, *handler, *shallow, *parent, *thread, *job, *glet, *unwinder;
     PyObject *weakreflist;
     int performs;                       /* kina_performs nested on this fiber's stack */
+    /* The frame the innermost C driver loop running on this fiber was called
+     * from (round_trip.c), or NULL: borrowed, only ever compared. */
+    PyObject *driver_frame;
 } KFiber;
 
 typedef struct {
@@ -146,7 +157,13 @@ extern PyTypeObject KFiber_Type, KThreadState_Type, KChain_Type, KContinuation_T
 void kfx_data_dealloc(PyObject *self);
 int kfx_add_data_types(PyObject *module);
 
-/* ---- bound by _bind() (module.c) ---------------------------------- */
+/* ---- the collaborators (module.c imports them at the first call) ---------- */
+
+extern int kfx_ready;              /* kfx_import_collaborators succeeded        */
+extern int kfx_c_abi_on;           /* the C ABI's fast paths are on             */
+/* Import every collaborator below, once; 0, or -1 with an exception. */
+int kfx_import_collaborators(void);
+#define KFX_READY() (kfx_ready || kfx_import_collaborators() == 0)
 
 extern PyObject *g_local;          /* fibers.local (a threading.local)          */
 extern PyTypeObject *g_fiber_t;    /* fibers.Fiber                              */
@@ -154,15 +171,44 @@ extern PyTypeObject *g_tstate_t;   /* fibers.ThreadState                        
 extern PyTypeObject *g_skip_t;     /* handlers._Skip                            */
 extern PyTypeObject *g_handler_t;  /* handlers.Handler                          */
 extern PyTypeObject *g_tail_t;     /* handlers._TailResume                      */
-extern PyObject *g_handler_fun;    /* Handler.__dict__["fun"] (member descr)    */
-extern PyObject *g_handler_on;     /* Handler.__dict__["on"]                    */
+extern PyObject *g_handler_fun;    /* HandlerData's "fun" member descriptor     */
+extern PyObject *g_handler_on;     /* HandlerData's "on"                        */
 extern PyObject *g_unhandled;      /* errors.Unhandled                          */
+extern PyObject *g_cancelled;      /* errors.Cancelled                          */
 extern PyObject *g_effect_t;       /* handlers.Effect                           */
+extern PyObject *g_effects_by_id;  /* handlers.Effect._by_id                    */
 extern PyObject *g_suspend;        /* handlers._suspend_perform                 */
-extern PyObject *g_nested;         /* handlers._resume_nested                   */
-extern PyObject *g_forward;        /* handlers.FORWARD (set by _bind_forward)    */
+extern PyObject *g_keyword_arguments_error; /* handlers.keyword_arguments_error */
+extern PyObject *g_remove_marker;  /* handlers._remove_marker                   */
+extern PyObject *g_forward;        /* handlers.FORWARD                          */
+extern PyObject *g_gexit;          /* greenlet.GreenletExit                     */
+extern PyObject *g_unwind;         /* fibers.Unwind                             */
+extern PyObject *g_begin_unwind;   /* fibers._begin_unwind_here                 */
+extern PyObject *g_switch_into_py; /* fibers.switch_into                        */
+extern PyObject *g_unwind_fn;      /* fibers.unwind                             */
+extern PyObject *g_resume_py;      /* handlers._ContinuationReference.resume    */
+extern PyObject *g_abort_unless_kept; /* handlers._abort_unless_kept            */
+extern PyObject *g_drive_fresh;    /* handlers._drive_on_fresh_stack            */
+extern int g_hop_depth;            /* handlers._HOP_DEPTH                       */
+extern Py_ssize_t t_max_frames;    /* tailcalls.MAX_TAIL_FRAMES                 */
+extern PyObject *t_resume_names;   /* tailcalls.RESUME_NAMES                    */
+extern PyObject *t_cache;          /* tailcalls.tail_calls_by_code              */
+extern PyObject *t_tail_calls;     /* tailcalls.tail_calls                      */
+extern PyObject *t_names_function; /* tailcalls.names_function                  */
+extern PyObject *g_answer_fn;      /* ffi.effects._answer_to_int64 (C ABI)      */
+extern PyObject *g_report_fn;      /* ffi.effects._report_error (C ABI)         */
+extern PyObject *g_op_rows;        /* ffi.ops.FAST_ROWS (runtime op exports)    */
+extern PyObject *g_cpu_selected;   /* ffi.ops._cpu_selected                     */
+extern PyObject *g_op_perform;     /* ffi.ops._fast_perform                     */
+/* Read those three once kina_fx.ffi.ops is imported: 1, 0 (not yet), -1. */
+int kfx_import_op_collaborators(void);
 
-/* Where the fields are (SLOT(obj, off_...)), on instances of the bound types. */
+/* Stepper.NEW, RUNNING, SUSPENDED, DONE, FAILED, CANCELLED: their index is the
+ * KINA_FIBER_* value (ffi.effects.FIBER_STATES). */
+enum { ST_NEW, ST_RUNNING, ST_SUSPENDED, ST_DONE, ST_FAILED, ST_CANCELLED, N_STATES };
+extern PyObject *g_states[N_STATES];
+
+/* Where the fields are (SLOT(obj, off_...)), on instances of the types above. */
 #define off_stack offsetof(KFiber, stack)
 #define off_handler offsetof(KFiber, handler)
 #define off_parent offsetof(KFiber, parent)
@@ -192,8 +238,7 @@ extern PyObject *s_state, *s_current, *s_stack, *s_handler, *s_parent, *s_fiber,
 extern PyObject *s_fun, *s_on, *s_get, *s_default, *s_append, *s_outcome, *s_switch,
                 *s_ret, *s_exc, *s_id;
 
-/* perform.c: the per-thread state cache and the marker cache, reset
- * by _bind. */
+/* perform.c: the per-thread state cache and the marker cache. */
 extern PyObject *state_key;
 extern uint64_t cached_tid;
 extern PyObject *cached_state;
@@ -293,7 +338,7 @@ int kina_fast_perform(int32_t effect_id, const int64_t *c_args, int32_t nargs, i
 /* The exception being raised as a status, with kina_last_error set (through
  * kina_fx.ffi's onerror hook); clears it. */
 int32_t kfx_report_exception(void);
-extern PyTypeObject *g_cclause_t;  /* ffi.effects.CClause (NULL: the C ABI fast paths are off) */
+extern PyTypeObject *g_cclause_t;  /* ffi.effects.CClause (read when the fast paths are turned on) */
 extern KFX_TLS PyObject *kfx_hint_effect;
 extern KFX_TLS int32_t kfx_hint_effect_id;
 
@@ -314,7 +359,7 @@ typedef struct {
 #define KFX_NEED_GIL 2              /* go on with the GIL from ns                  */
 #define KFX_NEED_GIL_POP 3          /* the same, the handler's marker to remove first */
 
-extern PyTypeObject *g_chandler_t;
+extern PyTypeObject *g_chandler_t; /* ffi.effects.CHandler (the same) */
 /* No GIL: KINA_FAST_DONE, KINA_FAST_DECLINED (nothing done) or KFX_NEED_GIL*. */
 int kfx_nogil_perform(int32_t effect, const int64_t *args, int32_t nargs, int64_t *out,
                       int32_t *status, kfx_nogil_state *ns);
@@ -346,9 +391,9 @@ void kfx_gil_leave(kfx_gil_call *g);
 
 extern PyTypeObject *g_stepper_t, *g_catch_t;
 extern PyObject *g_suspend_to_host;
-extern PyMethodDef kfx_c_fibers_methods[];
+/* The fiber handle mirror and describe_c_handler, added to the module. */
+int kfx_add_c_fibers(PyObject *module);
 extern const kina_fast_api kfx_fast_api;     /* the capsule _C_API points to it */
-extern PyMethodDef kfx_c_abi_methods[];
 
 /* ---- tail.c ----------------------------------------------------------- */
 
@@ -364,6 +409,15 @@ void kfx_release_chain(PyObject *chain);
 PyObject *kfx_tuple(Py_ssize_t n, PyObject *a, PyObject *b, PyObject *c);
 void kfx_release_tuple(PyObject *t);
 void kfx_continuation_finalize(PyObject *self);
+extern PyMethodDef kfx_continuation_methods[];    /* ContinuationData.__init_subclass__ */
+/* greenlet's C API, imported when the module is (0 / -1). */
+int kfx_init_round_trip(void);
+/* A resume that is not a tail resume: a driver loop nested here (rt_drive,
+ * or past handlers._HOP_DEPTH frames handlers._drive_on_fresh_stack).
+ * Steals chain and send. */
+PyObject *kfx_nest_drive(PyObject *chain, PyObject *send);
+/* Is ``frame`` the caller of a C driver loop that is running (1 / 0)? */
+int kfx_drives_from(PyObject *frame);
 extern PyTypeObject *g_chain_t, *g_cont_t;
 extern PyObject *g_performed, *g_returned, *g_raised;
 extern PyMethodDef kfx_round_trip_methods[];
@@ -372,16 +426,11 @@ extern PyMethodDef kfx_round_trip_methods[];
 
 int kfx_fast_runtime_op(int32_t op, void *const *memrefs, int32_t nmem, const int32_t *params,
                         int32_t nparams, int32_t *status);
-extern PyMethodDef kfx_op_calls_methods[];
+int kfx_check_op_rows(PyObject *rows);
 
 /* ---- buffers.c ---------------------------------------------------------- */
 
 extern PyMethodDef kfx_buffers_methods[];
-
-/* ---- module.c ---------------------------------------------------------- */
-
-int check_data_type(PyObject *type, PyTypeObject *core, const char *what);
-int check_type(PyObject *obj, const char *what);
 
 #pragma GCC visibility pop
 

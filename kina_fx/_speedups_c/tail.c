@@ -1,28 +1,31 @@
 /* tail.c: the tail-resume check, compiled.
  *
- * What it mirrors: handlers._returns_straight_to_driver (kept as
- * handlers._returns_straight_to_driver_py) over kina_fx/tailcalls.py: is the
- * caller of a resume a chain of frames that return the resume's result
- * unchanged to the driver loop?  The per-code tables are still computed and
- * cached in Python (tailcalls.tail_calls, which this calls on a miss).
+ * What it mirrors: handlers._returns_straight_to_driver_py over
+ * kina_fx/tailcalls.py (returns_straight_to): is the caller of a resume a
+ * chain of frames that return the resume's result unchanged to the driver
+ * loop?  The per-code tables are still computed and cached in Python
+ * (tailcalls.tail_calls, which this calls on a miss).
+ *
+ * The one difference: the driver loop is C here (round_trip.c's rt_drive),
+ * which has no frame of its own.  The frame that called it stands for it:
+ * the Python reference stops at a frame running handlers._drive_py's code,
+ * this at the frame the innermost C driver loop of the running fiber was
+ * called from (kfx_drives_from, round_trip.c).  Every Python frame that loop
+ * calls directly (a clause) has that frame as its f_back, as the Python
+ * loop's clauses have its frame.
  */
 #include "speedups.h"
 
 /* ---- the tail-resume check ------------------------------------------------------ */
 
-/* handlers._returns_straight_to_driver, transcribed (it is the largest single
- * cost of an ``on`` perform+resume round trip in Python: ~15%).  Bound by
- * _bind_tail; the per-code tables stay in Python (handlers._tail_calls fills
- * handlers._tail_calls_by_code, read here), and so does _names_function. */
-static PyObject *t_drive_code;     /* handlers._DRIVE_CODE                          */
-static Py_ssize_t t_max_frames;    /* handlers._MAX_TAIL_FRAMES                     */
-static PyObject *t_resume_names;   /* handlers._RESUME_NAMES (a frozenset)          */
-static PyObject *t_cache;          /* handlers._tail_calls_by_code (a dict)         */
-static PyObject *t_tail_calls;     /* handlers._tail_calls                          */
-static PyObject *t_names_function; /* handlers._names_function                      */
+/* tailcalls.returns_straight_to, transcribed (it is the largest single cost
+ * of an ``on`` perform+resume round trip in Python: ~15%).  The per-code
+ * tables stay in Python (tailcalls.tail_calls fills
+ * tailcalls.tail_calls_by_code, read here), and so does names_function. */
 
-/* ``_tail_calls(code)`` (new reference): the cached table when its entry is for
- * this very code object, else the Python function (which fills the cache). */
+/* ``tailcalls.tail_calls(code)`` (new reference): the cached table when its
+ * entry is for this very code object, else the Python function (which fills
+ * the cache). */
 static PyObject *
 tail_calls(PyObject *code)
 {
@@ -69,12 +72,11 @@ straight_to_driver(PyObject *frame_arg)
             answer = -1;
             break;
         }
-        PyObject *code = (PyObject *)PyFrame_GetCode((PyFrameObject *)frame);
-        if (code == t_drive_code) {
-            Py_DECREF(code);
+        if (kfx_drives_from(frame)) {
             answer = 1;
             break;
         }
+        PyObject *code = (PyObject *)PyFrame_GetCode((PyFrameObject *)frame);
 #if PY_VERSION_HEX >= 0x030B0000
         /* The first frame (the clause calling resume) is nearly always the
          * same code stopped at the same call as last time: that pair's table
@@ -151,51 +153,34 @@ straight_to_driver(PyObject *frame_arg)
 }
 
 PyDoc_STRVAR(straight_doc,
-"_returns_straight_to_driver($module, frame, /)\n--\n\n"
-"Compiled kina_fx.handlers._returns_straight_to_driver.");
+"returns_straight_to_driver($module, frame, /)\n--\n\n"
+"Compiled kina_fx.handlers._returns_straight_to_driver_py: does ``frame`` (the\n"
+"caller of a resume) return the resume's result unchanged to a driver loop?");
 
 static PyObject *
 returns_straight_to_driver(PyObject *Py_UNUSED(module), PyObject *frame)
 {
-    if (t_cache == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "kina_fx._speedups: _bind_tail was not called");
+    if (!KFX_READY())
         return NULL;
-    }
     int r = straight_to_driver(frame);
     if (r < 0)
         return NULL;
     return Py_NewRef(r ? Py_True : Py_False);
 }
 
-PyDoc_STRVAR(bind_tail_doc,
-"_bind_tail(drive_code, max_frames, resume_names, cache, tail_calls, names_function)\n--\n\n"
-"Called once by kina_fx.handlers: what _returns_straight_to_driver works with.");
+PyDoc_STRVAR(drives_from_doc,
+"drives_from($module, frame, /)\n--\n\n"
+"True while a compiled driver loop called from ``frame`` runs: what the\n"
+"compiled tail check takes for the driver's frame.");
 
 static PyObject *
-bind_tail(PyObject *Py_UNUSED(module), PyObject *args)
+drives_from(PyObject *Py_UNUSED(module), PyObject *frame)
 {
-    PyObject *drive_code, *resume_names, *cache, *tc, *nf;
-    Py_ssize_t max_frames;
-    if (!PyArg_ParseTuple(args, "O!nO!O!OO:_bind_tail", &PyCode_Type, &drive_code, &max_frames,
-                          &PyFrozenSet_Type, &resume_names, &PyDict_Type, &cache, &tc, &nf))
-        return NULL;
-    if (!PyCallable_Check(tc) || !PyCallable_Check(nf)) {
-        PyErr_SetString(PyExc_TypeError, "_bind_tail: tail_calls and names_function must be callable");
-        return NULL;
-    }
-    Py_XSETREF(t_drive_code, Py_NewRef(drive_code));
-    Py_XSETREF(t_resume_names, Py_NewRef(resume_names));
-    Py_XSETREF(t_cache, Py_NewRef(cache));
-    Py_XSETREF(t_tail_calls, Py_NewRef(tc));
-    Py_XSETREF(t_names_function, Py_NewRef(nf));
-    t_max_frames = max_frames;
-    Py_CLEAR(first_code);
-    first_lasti = -1;
-    Py_RETURN_NONE;
+    return Py_NewRef(kfx_drives_from(frame) ? Py_True : Py_False);
 }
 
 PyMethodDef kfx_tail_methods[] = {
-    {"_returns_straight_to_driver", returns_straight_to_driver, METH_O, straight_doc},
-    {"_bind_tail", bind_tail, METH_VARARGS, bind_tail_doc},
+    {"returns_straight_to_driver", returns_straight_to_driver, METH_O, straight_doc},
+    {"drives_from", drives_from, METH_O, drives_from_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -304,7 +304,11 @@ static PyTypeObject *const data_types[] = {
 int
 kfx_add_data_types(PyObject *module)
 {
-    KContinuation_Type.tp_finalize = kfx_continuation_finalize;   /* round_trip.c */
+    /* Continuation's compiled __del__ and resume (round_trip.c: the class
+     * gets resume from __init_subclass__), before the reference methods
+     * (handlers.py) in its MRO. */
+    KContinuation_Type.tp_finalize = kfx_continuation_finalize;
+    KContinuation_Type.tp_methods = kfx_continuation_methods;
     for (PyTypeObject *const *t = data_types; *t != NULL; t++) {
         if (PyType_Ready(*t) < 0)
             return -1;

@@ -74,8 +74,6 @@ def buffer_key(array) -> tuple:
 _identity = memref.identity
 
 
-
-
 def describe(array) -> str:
     """A buffer as messages name it."""
     address, shape, strides, dtype = buffer_key(array)
@@ -92,8 +90,8 @@ _SAME_SIZE_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 #: memcmp / memmove of two C-contiguous buffers (kina_fx._speedups;
 #: NotImplemented for others), or None: the NumPy comparison and assignment
 #: below are the references.
-_same_bytes = getattr(fibers.compiled_core(), "same_bytes", None)
-_copy_bytes = getattr(fibers.compiled_core(), "copy_bytes", None)
+_same_bytes = getattr(fibers.speedups, "same_bytes", None)
+_copy_bytes = getattr(fibers.speedups, "copy_bytes", None)
 
 
 def _unchanged(current, recorded) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from .binding import (CALLBACK_MODULES, attach, cdef, header_dir, library_path, load_library,
-                      status_and_message, take_last_exception)
+                      set_fast_paths, status_and_message, take_last_exception)
 
 
 def __getattr__(name: str) -> Any:
@@ -27,4 +27,4 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["CALLBACK_MODULES", "attach", "cdef", "header_dir", "library_path", "load_library",
-           "status_and_message", "take_last_exception"]
+           "set_fast_paths", "status_and_message", "take_last_exception"]

@@ -25,6 +25,7 @@ import os
 import threading
 from typing import Any, Tuple
 
+from .. import fibers
 from ..errors import GpuError, InternalError, Status, status_of
 
 _lib = None  # the embedded module's lib, once attached
@@ -116,6 +117,16 @@ def attach(ffi: Any, lib: Any) -> None:
     for name in names:
         fn = callbacks.get(name) or _lazy_callback(name)
         ffi.def_extern(name=name, error=int(Status.INTERNAL), onerror=_onerror)(fn)
+    set_fast_paths(True)
+
+
+def set_fast_paths(on: bool) -> bool:
+    """Turn the C fast paths of the exports on or off (kina_fx._speedups: the
+    effects exports, the runtime ops on the CPU; docs/abi.md, "Fast paths");
+    returns whether they were on.  They are on once the library is attached,
+    with the compiled implementation in use; off, every call takes its
+    ``extern "Python"`` path, which the tests compare them with."""
+    return False if fibers.speedups is None else fibers.speedups.set_c_abi_fast_paths(on)
 
 
 def _lazy_callback(name: str):

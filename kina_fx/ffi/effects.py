@@ -20,10 +20,15 @@ from __future__ import annotations
 import threading
 import weakref
 
-from .. import handlers
+from .. import fibers, handlers
 from ..errors import KinaTypeError, Status, ValidationError, exception_for
 from ..fibers import data_type
 from ..handlers import Effect, Handler, Stepper
+
+# The compiled implementation, or None (fibers.py chooses).  It has C fast
+# paths for the effects exports (docs/abi.md, "Fast paths"); they read the
+# classes and functions below marked as theirs.
+_speedups = fibers.speedups
 
 _ffi = None   # the embedded module's ffi, set by attach()
 
@@ -68,8 +73,8 @@ class HandleTable:
 
     def mirror_to(self, mirror) -> None:
         """Keep ``mirror`` (``note(handle, obj)``, ``forget(handle)``,
-        ``forget_all()``: the C fast paths' view, from handlers.bind_c_abi) up
-        to date with every live handle from now on; None stops."""
+        ``forget_all()``: the C fast paths' view) up to date with every live
+        handle from now on; None stops."""
         with self._lock:
             self._mirror = mirror
             if mirror is not None:
@@ -146,6 +151,8 @@ class HandleTable:
 
 fiber_handles = HandleTable(FIBER_KIND, "fiber")
 handler_handles = HandleTable(HANDLER_KIND, "handler", weak=True)
+if _speedups is not None:       # the fast paths find host fibers by handle
+    fiber_handles.mirror_to(_speedups.fiber_handle_mirror)
 
 
 # ---- conversions ------------------------------------------------------------------
@@ -185,9 +192,10 @@ class CHandler(Handler, data_type("CHandlerData", ("thread", "__weakref__"), bas
     """A handler pushed by ``kina_push_handler``: each of its effects calls the
     C function ``fn(ctx, effect, args, nargs, &out)`` in place.
 
-    With the C fast paths on, their C core also records what it calls
+    With the compiled implementation, its C core also records what it calls
     (``describe_c_handler``), so that ``kina_perform`` from C finds and calls
-    it without the GIL; its effects are fixed when it is made."""
+    it without the GIL; its effects are fixed when it is made.  (A class the
+    C fast paths read.)"""
 
     __slots__ = ()
 
@@ -195,10 +203,10 @@ class CHandler(Handler, data_type("CHandlerData", ("thread", "__weakref__"), bas
         clauses = {e: CClause(fn, ctx, e) for e in effects}
         super().__init__(fun=clauses)
         self.thread = handlers.thread_token()
-        if _fast_paths is not None and clauses:
+        if _speedups is not None and clauses:
             some = next(iter(clauses.values()))
-            _fast_paths.describe_c_handler(self, some.fn_address, some.ctx_address,
-                                           tuple(e.id for e in clauses))
+            _speedups.describe_c_handler(self, some.fn_address, some.ctx_address,
+                                         tuple(e.id for e in clauses))
 
 
 class CClause(data_type("CClauseData", ("fn", "ctx", "effect", "effect_id", "fn_address",
@@ -427,7 +435,6 @@ CALLBACKS = {name: fn for name, fn in globals().items() if name.startswith("kina
 # ---- the compiled kina_perform fast path (kina_fast_perform in _speedups_c/c_abi.c) ----------
 
 _onerror = None  # kina_fx.ffi's error hook, set by attach()
-_fast_paths = None  # what handlers.bind_c_abi returned (None: the fast paths are off)
 
 
 def _answer_to_int64(effect, value) -> int:
@@ -441,15 +448,6 @@ def _report_error(exc) -> int:
     return _onerror(type(exc), exc, exc.__traceback__)
 
 
-def _bind_fast_path() -> bool:
-    """Turn on the C fast paths of kina_perform and the host fibers (only when
-    the compiled perform is the one in use, not with KINA_FX_PURE_PYTHON=1)."""
-    global _fast_paths
-    _fast_paths = handlers.bind_c_abi(CClause, CHandler, _answer_to_int64, _report_error)
-    fiber_handles.mirror_to(_fast_paths)
-    return _fast_paths is not None
-
-
 def attach(ffi, onerror) -> dict:
     """Remember the embedded module's ffi and kina_fx.ffi's error hook
     (``onerror(exc_type, exc, traceback) -> status``, the one cffi calls for
@@ -457,5 +455,4 @@ def attach(ffi, onerror) -> dict:
     global _ffi, _onerror
     _ffi = ffi
     _onerror = onerror
-    _bind_fast_path()
     return CALLBACKS

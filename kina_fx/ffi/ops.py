@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import fibers, gpu_ops, memref
+from .. import gpu_ops, memref
 from ..errors import ValidationError
 from ..handlers import perform
 from ..runtime_ops import RUNTIME_OPS
@@ -156,21 +156,12 @@ def _cpu_selected() -> bool:
     return gpu_ops.device() == "cpu"
 
 
-def _bind_fast_path() -> bool:
-    """Hand the C fast path of the op exports (kina_fx/_speedups_c/op_calls.c)
-    what the callbacks above do on the CPU backend: per row of the op table,
-    its effect and the ViewCache dict of each memref operand (rows with a
-    device ordinal to check stay on the callbacks), and perform with quiet
-    floating-point conditions.  Not with KINA_FX_PURE_PYTHON=1, nor without
-    the compiled perform."""
-    core = fibers.compiled_core()
-    if core is None or perform is not getattr(core, "perform", None):
-        return False
-    rows = tuple(None if "device" in op.params else
-                 (op.effect, tuple(_VIEWS[(o.dtype, i == 0)].views for i, o in enumerate(op.operands)))
-                 for op in RUNTIME_OPS)
-    core._bind_runtime_ops(rows, _cpu_selected, gpu_ops.quiet_fp(perform))
-    return True
-
-
-_bind_fast_path()
+# What the C fast path of the op exports (kina_fx/_speedups_c/op_calls.c)
+# reads, with the compiled implementation: what the callbacks above do on the
+# CPU backend.  Per row of the op table, its effect and the ViewCache dict of
+# each memref operand (None: rows with a device ordinal to check stay on the
+# callbacks); and perform with quiet floating-point conditions.
+FAST_ROWS = tuple(None if "device" in op.params else
+                  (op.effect, tuple(_VIEWS[(o.dtype, i == 0)].views for i, o in enumerate(op.operands)))
+                  for op in RUNTIME_OPS)
+_fast_perform = gpu_ops.quiet_fp(perform)

@@ -2,31 +2,24 @@
 
 A perform from C whose handlers are C handlers (kina_push_handler) is answered
 without entering Python: the compiled search calls the handlers' function
-pointers itself.  Every test runs twice, with the fast path on ("fast") and
-off ("slow": the cffi ``extern "Python"`` path, kina_py_perform), and expects
-the same outcome: value, status, kina_last_error text, handler calls and
-handler stack.  The handlers are cffi callbacks, so they can script FORWARD
+pointers itself.  Every test runs twice on the compiled implementation, with
+the fast path on ("fast") and off ("slow": the cffi ``extern "Python"`` path,
+kina_py_perform), and expects the same outcome: value, status,
+kina_last_error text, handler calls and handler stack; and once more on the
+pure-Python one, which has only the slow path.  The handlers are cffi callbacks, so they can script FORWARD
 chains, SUSPEND, error statuses and re-entrant calls.
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 
-from kina_fx import Effect, Handler, Stepper, fibers, handlers, perform
+from kina_fx import Effect, Handler, Stepper, fibers, perform
+from kina_fx import ffi as kffi
 from kina_fx.ffi import effects as ffi_effects
 from kina_fx.errors import Status
 
-try:
-    from kina_fx import _speedups
-except ImportError:
-    _speedups = None
-
 pytestmark = pytest.mark.integration
-
-FAST_AVAILABLE = (_speedups is not None and os.environ.get("KINA_FX_PURE_PYTHON") != "1"
-                  and handlers.perform is getattr(_speedups, "perform", None))
 
 HANDLER_T = "int32_t(void *, int32_t, const int64_t *, int32_t, int64_t *)"
 HANDLED, FORWARD, SUSPEND = 0, -1, -2
@@ -37,21 +30,19 @@ F = Effect("fast.f")
 OTHER = Effect("fast.other")
 
 
-# Under KINA_FX_PURE_PYTHON=1 there is no fast path to compare: only "slow" runs
-# (a skip would fail a CI=true run, where integration tests may not skip).
-@pytest.fixture(params=["slow"] if os.environ.get("KINA_FX_PURE_PYTHON") == "1" else ["fast", "slow"])
+# The pure-Python implementation has no fast paths to compare: only "slow" runs there.
+@pytest.fixture(params=[pytest.param("fast", marks=pytest.mark.only_impl("compiled")), "slow"])
 def mode(request, kina):
     if request.param == "fast":
-        if not FAST_AVAILABLE:
-            pytest.skip("the compiled perform is not in use")
-        assert ffi_effects._bind_fast_path()
+        kffi.set_fast_paths(True)
+        assert kffi.set_fast_paths(True)
         yield "fast"
     else:
-        handlers.bind_c_abi(None)
+        was = kffi.set_fast_paths(False)
         try:
             yield "slow"
         finally:
-            ffi_effects._bind_fast_path()
+            kffi.set_fast_paths(was)
 
 
 @pytest.fixture

@@ -14,16 +14,16 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.abi import load_module
 
 from kina_fx.runtime_ops import RUNTIME_OPS
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "fuzz"))
-import build as fuzz_build  # noqa: E402
+fuzz_build = load_module(ROOT / "fuzz" / "build.py", "fuzz_build")
+gen_exports = load_module(ROOT / "fuzz" / "gen_exports.py", "fuzz_gen_exports")
 
 pytestmark = pytest.mark.integration
 SECONDS = int(os.environ.get("KINA_FUZZ_SECONDS", "60"))
@@ -94,15 +94,12 @@ def test_fuzz_effects(targets, tmp_path):
 
 
 def fuzz_build_exports():
-    import gen_exports
     return [(name, None, None) for name, _params in gen_exports.rows()]
 
 
 def test_the_fuzzer_table_has_every_memref_export():
     """fuzz/gen_exports.py fuzzes what the library exports: every memref
     export of the tables, no more, no less."""
-    import gen_exports
-    sys.path.insert(0, str(ROOT / "kina_fx" / "ffi" / "c"))
     native = gen_exports.native_build()
     memref_exports = {name for name, _py, params in native.exports()
                       if name.startswith(("_mlir_ciface_runtime_", "runtime_"))}

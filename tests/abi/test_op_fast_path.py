@@ -10,19 +10,21 @@ effect.
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from kina_fx import fibers, handlers, memref
+from kina_fx import ffi as kffi
+from kina_fx import handlers, memref
 from kina_fx.ffi import ops as ffi_ops
 from kina_fx.runtime_ops import effect_of
 
 from support.abi import Abi
 
-core = fibers.compiled_core()
-pytestmark = pytest.mark.skipif(core is None or not hasattr(core, "_bind_runtime_ops"),
-                                reason="needs the compiled kina_fx._speedups")
+pytestmark = pytest.mark.only_impl("compiled")     # the pure-Python one has no fast path
 
 SETTINGS = dict(deadline=None, max_examples=30, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -37,10 +39,10 @@ class Paths:
     """Switch the fast path off and on (on again at the end)."""
 
     def off(self):
-        core._bind_runtime_ops(None)
+        kffi.set_fast_paths(False)
 
     def on(self):
-        assert ffi_ops._bind_fast_path()
+        kffi.set_fast_paths(True)
 
 
 @pytest.fixture
@@ -129,13 +131,26 @@ def test_fast_and_cffi_paths_agree(abi, paths, case, seed):
         np.testing.assert_array_equal(reference[0][2], operands[0])
 
 
-def test_the_fast_path_is_taken_once_views_are_cached(abi, paths, monkeypatch):
-    calls = []
-    monkeypatch.setattr(ffi_ops, "_cpu_selected", lambda: calls.append(1) or True)
+def test_the_fast_path_is_taken_once_views_are_cached(abi, paths):
+    # The cffi path runs the op's Python callback (kina_fx/ffi/ops.py); the
+    # fast path goes from C straight to the effect: a clause sees which.
+    name, make, _ = CASES["matmul"]
+    ms = [memref.from_numpy(a) for a in make(np.random.default_rng(0))]
+    through_the_callback = []
+
+    def clause(out, a, b):
+        frame, files = sys._getframe(1), set()
+        while frame is not None:
+            files.add(frame.f_code.co_filename)
+            frame = frame.f_back
+        through_the_callback.append(str(Path(ffi_ops.__file__)) in files)
+        return handlers.FORWARD
     paths.on()
-    name, make, params = CASES["matmul"]
-    run(abi, name, make(np.random.default_rng(0)), params)
-    assert calls, "the fast path never asked for the backend"
+    memref.clear_caches()
+    for _ in range(2):                       # the second call finds the views cached
+        with handlers.Handler(fun={effect_of("matmul"): clause}):
+            assert getattr(abi.lib, name)(*[abi.ptr(m) for m in ms]) == 0
+    assert through_the_callback == [True, False]
 
 
 def test_a_python_handler_of_the_effect_answers_on_the_fast_path(abi, paths):

@@ -20,7 +20,7 @@ from kina_fx.errors import ValidationError
 from kina_fx.runtime_ops import BY_NAME
 
 SETTINGS = dict(deadline=None, max_examples=40, derandomize=True)
-core = fibers.compiled_core()
+core = fibers.speedups
 needs_core = pytest.mark.skipif(core is None, reason="needs the compiled kina_fx._speedups")
 
 DTYPES = [np.float32, np.float16, np.float64, np.int64]

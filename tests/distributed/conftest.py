@@ -8,7 +8,6 @@ it, or without mpi4py, the tests skip -- which fails the run under ``CI=true``
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,22 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.mpi import have_mpi4py, mpiexec_path
 
 HERE = Path(__file__).parent
 WORKER = HERE / "dist_worker.py"
-
-
-def mpiexec_path():
-    local = Path(sys.executable).parent / "mpiexec"
-    return str(local) if local.exists() else shutil.which("mpiexec")
-
-
-def have_mpi4py() -> bool:
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class Launch:

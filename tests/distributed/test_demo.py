@@ -12,6 +12,7 @@ import pytest
 
 from kina_fx import compiled
 from kina_fx.demos import distributed as demo
+from support.mpi import have_mpi4py
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +21,6 @@ STEPS = 12
 
 @pytest.fixture(scope="module")
 def runs():
-    from conftest import have_mpi4py
     if demo.mpiexec() is None or not have_mpi4py():
         pytest.skip("needs mpi4py and mpiexec: pip install 'kina_fx[mpi]'")
     missing = compiled.missing_mlir_tools()

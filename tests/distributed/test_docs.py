@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import have_mpi4py, mpiexec_path
+from support.mpi import have_mpi4py, mpiexec_path
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "distributed.md"
 
@@ -21,7 +21,12 @@ def script(tmp_path_factory):
     blocks = re.findall(r"^```python\n(.*?)^```", PAGE.read_text(), re.M | re.S)
     assert len(blocks) >= 4
     path = tmp_path_factory.mktemp("docs") / "distributed_page.py"
-    path.write_text("\n".join(blocks) + "\nprint('page ran on rank', dist.rank(), 'of', dist.world_size())\n")
+    # Each process also leaves a file of its own: mpiexec interleaves the ranks' stdout.
+    path.write_text("\n".join(blocks) + "\nimport os as _os, pathlib as _pathlib\n"
+                    "_line = f'page ran on rank {dist.rank()} of {dist.world_size()}'\n"
+                    "print(_line)\n"
+                    "if 'PAGE_OUT' in _os.environ:\n"
+                    "    (_pathlib.Path(_os.environ['PAGE_OUT']) / f'rank{dist.rank()}').write_text(_line)\n")
     return path
 
 
@@ -32,13 +37,15 @@ def test_the_page_runs_on_one_process(script):
 
 
 @pytest.mark.integration
-def test_the_page_runs_on_two_processes(script):
+def test_the_page_runs_on_two_processes(script, tmp_path):
     mpiexec = mpiexec_path()
     if mpiexec is None or not have_mpi4py():
         pytest.skip("needs mpi4py and mpiexec: pip install 'kina_fx[mpi]'")
-    env = dict(os.environ, KINA_FX_DISTRIBUTED="mpi", KINA_FX_DIST_TIMEOUT="60")
+    env = dict(os.environ, KINA_FX_DISTRIBUTED="mpi", KINA_FX_DIST_TIMEOUT="60", PAGE_OUT=str(tmp_path))
     result = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script)], capture_output=True,
                             text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     for r in range(2):
-        assert f"page ran on rank {r} of 2" in result.stdout, result.stdout + result.stderr
+        marker = tmp_path / f"rank{r}"
+        assert marker.exists(), result.stdout + result.stderr
+        assert marker.read_text() == f"page ran on rank {r} of 2"

@@ -73,11 +73,13 @@ def _check_programs(ranks, n, seed, count):
                                            err_msg=f"program {seed + i} {program['steps']} rank {r} {k}")
 
 
-@pytest.mark.parametrize("n,seed,impl", [(2, 100, "compiled"), (4, 200, "compiled"),
-                                         (2, 300, "pure Python")])
-def test_generated_programs_differentiate_as_their_global_function(mpirun, n, seed, impl):
+# (Not named ``impl``: that parameter belongs to tests/support/implementations.py,
+# which runs each value in the process of that implementation.)
+@pytest.mark.parametrize("n,seed,runtime", [(2, 100, "compiled"), (4, 200, "compiled"),
+                                            (2, 300, "pure Python")])
+def test_generated_programs_differentiate_as_their_global_function(mpirun, n, seed, runtime):
     count = 12
-    env = {"KINA_FX_PURE_PYTHON": "1" if impl == "pure Python" else "0"}
+    env = {"KINA_FX_PURE_PYTHON": "1" if runtime == "pure Python" else "0"}
     ranks = mpirun(n, "programs", seed, count, env=env).ranks()
     _check_programs(ranks, n, seed, count)
 

@@ -7,10 +7,8 @@ kina_fx runs each program as real code: ``Handler``/``MultiHandler``/
 ``fiber``+``resume_with``, ``aio.handler`` with ``async def`` clauses under
 ``aio.run``, and through the C ABI: C handlers (``kina_push_handler``), C
 frames that ``kina_perform``, and host fibers (``kina_fiber_create``) driven
-with ``kina_resume_fiber``/``kina_cancel_fiber``.  This process uses the
-implementation the import selected (the compiled one unless
-KINA_FX_PURE_PYTHON=1); ``test_pure_python_agrees_too`` runs the same programs
-(derandomized) on the other one in a subprocess.
+with ``kina_resume_fiber``/``kina_cancel_fiber``.  On both implementations
+(the impl fixture), with the same (derandomized) programs.
 
 Example counts: ``EXAMPLES`` per test (60), ``CI_EXAMPLES`` under CI=true.
 """
@@ -20,8 +18,6 @@ import asyncio
 import functools
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -45,7 +41,6 @@ settings.register_profile("effects-differential-ci", max_examples=CI_EXAMPLES, d
 PROFILE = settings.get_profile("effects-differential-ci" if CI else "effects-differential")
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE = os.environ.get("KINA_FX_PURE_PYTHON") == "1"
 
 EFFECTS = {name: Effect(f"test.diff.{name}") for name in ("a", "b", "c", "log")}
 USER_EFFECTS = ("a", "b", "c")
@@ -442,12 +437,3 @@ def test_programs_under_aio_agree_with_the_reference(c_abi, program):
     agree(program, Runner(c_abi), asynchronous=True)
 
 
-@pytest.mark.skipif(PURE, reason="this whole run is in pure Python")
-def test_pure_python_agrees_too():
-    # The same (derandomized) programs on the pure-Python implementation.
-    env = dict(os.environ, KINA_FX_PURE_PYTHON="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
-         "-k", "agree_with_the_reference"],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]

@@ -1,9 +1,8 @@
 """Clear errors for the two common mistakes in writing a Handler (issue 11):
 a list where the clauses' dict belongs, and a clause with the wrong parameters.
-Checked in both implementations (the compiled perform and KINA_FX_PURE_PYTHON=1)."""
+Checked on both implementations (the impl fixture)."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -88,16 +87,12 @@ except TypeError as exc:
 """
 
 
-@pytest.fixture(params=["compiled", "pure-python"])
-def run_python(request):
-    env = dict(os.environ)
-    env.pop("KINA_FX_PURE_PYTHON", None)
-    if request.param == "pure-python":
-        env["KINA_FX_PURE_PYTHON"] = "1"
-
+@pytest.fixture
+def run_python():
+    """Run a script in a fresh interpreter, on this test's implementation (inherited)."""
     def run(script):
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                             env=env, timeout=120)
+                             timeout=120)
         assert out.returncode == 0, out.stderr
         return dict(line.split(" | ", 1) for line in out.stdout.splitlines())
     return run

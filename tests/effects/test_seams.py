@@ -2,7 +2,6 @@
 differential tests (test_differential.py), each pinned by a test that failed
 before its fix.  The aio and MultiHandler ones are in test_aio.py and
 test_multishot.py."""
-import os
 import subprocess
 import sys
 import textwrap
@@ -69,13 +68,10 @@ def test_cleanup_error_of_a_dropped_continuation_is_reported_by_the_default_hook
         gc.collect()
         print("done")
     """)
-    for pure in ("0", "1"):
-        env = dict(os.environ, KINA_FX_PURE_PYTHON=pure)
-        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                              timeout=60)
-        assert proc.returncode == 0 and proc.stdout == "done\n", proc.stderr
-        assert "Exception ignored while unwinding a dropped continuation" in proc.stderr, proc.stderr
-        assert "KeyError: 'cleanup'" in proc.stderr and "TypeError" not in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "done\n", proc.stderr
+    assert "Exception ignored while unwinding a dropped continuation" in proc.stderr, proc.stderr
+    assert "KeyError: 'cleanup'" in proc.stderr and "TypeError" not in proc.stderr, proc.stderr
 
 
 def test_clause_returning_after_an_inner_abort_still_aborts_its_own_body():

@@ -1,45 +1,36 @@
-"""The compiled perform (kina_fx._speedups, kina_fx/_speedups_c/*.c) against
-its reference, handlers._perform_py.
+"""The compiled implementation (kina_fx._speedups, kina_fx/_speedups_c/*.c)
+against its reference, the Python code of kina_fx/handlers.py and fibers.py.
 
-The effects suite itself runs against whichever ``perform`` the import selected
-(the compiled one when it was built); ``test_effects_suite_in_pure_python``
-runs it once more with KINA_FX_PURE_PYTHON=1.  The tests below call both
-implementations directly, on the edge cases of the search.
+Every test here runs on both implementations (the ``impl`` fixture,
+tests/support/implementations.py); those about the compiled one's own
+machinery (its selection, its tail check, its imports) only there.  The
+search edge cases below are the ones a transcription gets wrong first.
 """
 import gc
 import os
+import re
 import subprocess
 import sys
 import threading
 import tracemalloc
+from pathlib import Path
 
 import pytest
 
-from kina_fx import Continuation, Effect, Handler, Unhandled, fiber, fibers, handlers
+from kina_fx import Continuation, Effect, Handler, Unhandled, fiber, fibers, handlers, tailcalls
 
-try:
-    from kina_fx import _speedups
-except ImportError:          # not built (no compiler at install time)
-    _speedups = None
-
-PURE = os.environ.get("KINA_FX_PURE_PYTHON") == "1"
-# The compiled functions work only once kina_fx.handlers has bound them, which
-# it does unless KINA_FX_PURE_PYTHON=1.
-COMPILED = _speedups is not None and not PURE
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_speedups = fibers.speedups
+ROOT = Path(__file__).resolve().parents[2]
+compiled_only = pytest.mark.only_impl("compiled")
 
 E = Effect("speedups.e")
 F = Effect("speedups.f")
 G = Effect("speedups.g")
 
-IMPLS = [pytest.param(handlers._perform_py, id="python"),
-         pytest.param(_speedups.perform if _speedups else None, id="compiled",
-                      marks=pytest.mark.skipif(not COMPILED, reason="compiled perform not in use"))]
 
-
-@pytest.fixture(params=IMPLS)
-def perform(request):
-    return request.param
+@pytest.fixture
+def perform():
+    return handlers.perform
 
 
 def stack():
@@ -48,71 +39,136 @@ def stack():
 
 # --- selection ----------------------------------------------------------------------
 
-@pytest.mark.skipif(PURE, reason="KINA_FX_PURE_PYTHON=1 selects the Python versions")
-def test_compiled_path_is_in_use():
-    # Not skipped when kina_fx._speedups is missing: an optional extension that
-    # silently failed to build (or no longer fits handlers.py, which then warns
-    # and falls back) would otherwise pass the whole suite in pure Python.
-    assert _speedups is not None, "kina_fx._speedups was not built (see the build_ext output)"
-    assert handlers.perform is _speedups.perform, "kina_fx._speedups is built but not in use"
-    assert handlers.Continuation.resume is not handlers._resume_py
-    assert handlers._returns_straight_to_driver is _speedups._returns_straight_to_driver
-    # The C core owns the fields of the protocol's types (fibers.data_type).
+@compiled_only
+def test_compiled_implementation_is_in_use():
+    # An optional extension that silently failed to build (or no longer fits
+    # the Python code) would otherwise pass the whole suite in pure Python:
+    # the impl fixture fails the compiled half when it is missing.
+    import kina_fx
     from kina_fx.ffi import effects as ffi_effects
+    assert _speedups is not None
+    assert handlers.perform is _speedups.perform is kina_fx.perform
+    assert handlers.perform.__name__ == "perform" and "Unhandled" in handlers.perform.__doc__
+    assert handlers._switch_into is _speedups.switch_into
+    assert handlers._drive is _speedups.drive
+    assert handlers._returns_straight_to_driver is _speedups.returns_straight_to_driver
+    # Continuation gets the compiled resume (as its own method: ContinuationData's
+    # __init_subclass__) and finalizer (inherited) before the reference's.
+    resume = vars(handlers.Continuation)["resume"]
+    assert type(resume).__name__ == "method_descriptor" and resume.__objclass__ is handlers.Continuation
+    assert handlers.Continuation.__del__ is _speedups.ContinuationData.__del__
+    # The C core owns the fields of the protocol's types (fibers.data_type).
     for cls in (fibers.Fiber, fibers.ThreadState, fibers.Chain, handlers.Handler, handlers._Skip,
                 handlers._TailResume, handlers.Stepper, ffi_effects.CClause):
         assert cls.__base__.__module__ == "kina_fx._speedups", cls
     assert handlers.Continuation.__mro__[2] is _speedups.ContinuationData
 
 
-def test_data_types_declare_the_fields_of_the_c_core():
+@compiled_only
+def test_each_continuation_class_gets_the_compiled_resume_as_its_own():
+    class Sub(Continuation):
+        __slots__ = ()
+
+    class Own(Continuation):
+        __slots__ = ()
+
+        def resume(self, value=None):
+            return ("own", value)
+    assert vars(Sub)["resume"].__objclass__ is Sub
+    assert Own(None, None).resume(1) == ("own", 1)
+    assert Continuation[int, str].__origin__ is Continuation      # typing.Generic still ran
+
+
+@pytest.mark.only_impl("python")
+def test_pure_python_reference_is_in_use():
+    import kina_fx
+    assert fibers.speedups is None
+    assert handlers.perform is handlers._perform_py is kina_fx.perform
+    assert handlers._switch_into is fibers.switch_into
+    assert handlers._drive is handlers._drive_py
+    assert handlers._returns_straight_to_driver is handlers._returns_straight_to_driver_py
+    assert handlers.Continuation.resume is handlers._ContinuationReference.resume
+    assert handlers.Continuation.__del__ is handlers._ContinuationReference.__del__
+    assert fibers.Fiber.__base__.__module__ == "kina_fx.fibers"
+
+
+def test_data_types_declare_the_fields_of_the_c_core(impl):
     # Both layouts of each type have the same fields: what fibers.data_type
-    # checks at import, here for every C type.
+    # checks at import (a mismatch warns), here for every C type.
     code = ("import warnings; warnings.simplefilter('error'); "
             "import kina_fx.ffi.effects, kina_fx.handlers as h; print(h.perform is h._perform_py)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == ("True" if PURE or _speedups is None else "False")
+    assert out.stdout.strip() == str(impl == "python")
 
 
-@pytest.mark.skipif(not COMPILED, reason="compiled perform not in use")
-def test_compiled_perform_is_selected():
-    import kina_fx
-    assert handlers.perform is _speedups.perform
-    assert kina_fx.perform is _speedups.perform
-    assert handlers.perform.__name__ == "perform" and "Unhandled" in handlers.perform.__doc__
+def _first_call_in_a_new_process(prelude):
+    # The C core imports its Python collaborators at its first call: run
+    # ``prelude`` in a fresh interpreter, then make that first call.
+    code = (f"import kina_fx\nfrom kina_fx import handlers\n{prelude}\n"
+            "try:\n    handlers.perform(handlers.Effect('first'))\n"
+            "except BaseException as exc:\n    print(type(exc).__name__, exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
 
 
-def test_pure_python_switch():
-    code = "import kina_fx, kina_fx.handlers as h; print(h.perform is h._perform_py is kina_fx.perform)"
-    env = dict(os.environ, KINA_FX_PURE_PYTHON="1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "True"
+@compiled_only
+def test_the_c_core_refuses_a_collaborator_still_being_imported():
+    got = _first_call_in_a_new_process("handlers.__spec__._initializing = True")
+    assert got == ("ImportError kina_fx._speedups was called while kina_fx.handlers was still "
+                   "being imported (an import cycle)")
 
 
-@pytest.mark.skipif(PURE, reason="this whole run is in pure Python")
-def test_effects_suite_in_pure_python():
-    # The other half of "the suite runs against both implementations" in a
-    # plain `make test`; CI (.ci/run) also runs the whole suite that way.
-    env = dict(os.environ, KINA_FX_PURE_PYTHON="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow",
-         os.path.join(ROOT, "tests", "effects", "test_effects.py")],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+@compiled_only
+@pytest.mark.parametrize("prelude, reason", [
+    ("class Skip(handlers.Handler): pass\nhandlers._Skip = Skip",
+     "_Skip must derive from kina_fx._speedups.SkipData"),
+    ("class Sub(handlers.Handler):\n    fun = property(lambda self: {})\nhandlers.Handler = Sub",
+     "Handler.fun shadows the field of that name"),
+    ("del handlers._suspend_perform", "has no attribute '_suspend_perform'"),
+    ("handlers._drive_on_fresh_stack = 3", "_drive_on_fresh_stack is not callable"),
+])
+def test_the_c_core_refuses_collaborators_that_do_not_fit(prelude, reason):
+    got = _first_call_in_a_new_process(prelude)
+    assert got.startswith("ImportError kina_fx._speedups does not fit this kina_fx (") and reason in got, got
+    assert got.endswith("rebuild it (pip install -e .) or set KINA_FX_PURE_PYTHON=1"), got
 
 
+def _fallback_rows_of_the_docs():
+    text = (ROOT / "docs" / "effects.md").read_text()
+    table = text.split("### What the C core hands to Python", 1)[1].split("\n\n|", 1)[1]
+    rows = [line for line in ("|" + table).splitlines() if line.startswith("|")][2:]
+    return {row.split("|")[1].strip() for row in rows}
+
+
+def _fallbacks_named_in_the_c_files():
+    named = {}
+    for path in sorted((ROOT / "kina_fx" / "_speedups_c").glob("*.c")):
+        for comment in re.findall(r"/\*(.*?)\*/", path.read_text(), re.S):
+            comment = re.sub(r"\s*\n\s*\*?\s*", " ", comment)
+            if "fallback:" in comment:
+                for name in re.findall(r'"([^"]+)"', comment.split("fallback:", 1)[1]):
+                    named.setdefault(name, []).append(path.name)
+    return named
+
+
+def test_every_fallback_of_the_c_core_is_in_the_docs_table_and_back():
+    # docs/effects.md, "What the C core hands to Python": the one list.
+    rows, named = _fallback_rows_of_the_docs(), _fallbacks_named_in_the_c_files()
+    assert rows and set(named) == rows, (sorted(rows - set(named)), sorted(set(named) - rows))
+
+
+@compiled_only
 def test_tail_check_agrees_with_python_on_the_effects_suites():
-    # Every tail-resume check of the effects suites answered by both
-    # _returns_straight_to_driver versions (tests/effects/speedups_crosscheck.py).
-    if handlers._returns_straight_to_driver is handlers._returns_straight_to_driver_py:
-        pytest.skip("compiled tail check not in use")
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "tests", "effects"))
+    # Every tail-resume check of the effects suites answered by the compiled
+    # check and by tailcalls.returns_straight_to over the same driver frames
+    # (tests/support/tail_crosscheck.py, turned on by KINA_FX_TAIL_CROSSCHECK).
+    env = dict(os.environ, KINA_FX_TAIL_CROSSCHECK="1", KINA_FX_TEST_IMPL="compiled")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "speedups_crosscheck", "-p", "no:cacheprovider",
-         "-m", "not slow", os.path.join(ROOT, "tests", "effects", "test_effects.py"),
-         os.path.join(ROOT, "tests", "effects", "test_ocaml_ports.py")],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+         "tests/effects/test_effects.py", "tests/effects/ocaml"],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " 0 mismatches" in proc.stdout and " 0 tail checks" not in proc.stdout, proc.stdout[-2000:]
 
@@ -498,18 +554,21 @@ def test_memory_stays_flat_over_100k_performs(perform):
     assert len(gc.get_objects()) - n_objects < 100
 
 
-@pytest.mark.skipif(not COMPILED, reason="compiled tail check not in use")
+@compiled_only
 def test_compiled_tail_check_matches_and_does_not_leak():
     A = Effect("speedups.tail")
     seen = []
+    driver_frames = []
 
     def helper(k, x):
         return k.resume(x)                   # a tail call: straight to the driver
 
     def clause(k, x):
         frame = sys._getframe(0)
-        check = _speedups._returns_straight_to_driver
-        seen.append((check(frame), handlers._returns_straight_to_driver_py(frame)))
+        check = _speedups.returns_straight_to_driver
+        seen.append((check(frame), tailcalls.returns_straight_to(frame, _speedups.drives_from)))
+        driver_frames.append(frame.f_back)   # the frame that called the driver loop (Handler.run)
+        seen.append(_speedups.drives_from(frame.f_back))
         check(frame)
         objs = (frame, frame.f_code, frame.f_back, frame.f_back.f_code)
         before = [sys.getrefcount(o) for o in objs]
@@ -521,10 +580,15 @@ def test_compiled_tail_check_matches_and_does_not_leak():
 
     def body():
         return handlers.perform(A, 5) + 1
+
     assert Handler(on={A: clause}).run(body) == 6
-    assert seen == [(False, False), True]
+    assert seen == [(False, False), True, True]
+    driving = _speedups.drives_from(driver_frames[0])
+    gc.collect()                             # the clause's frame referred to itself
+    refs = sys.getrefcount(driver_frames[0])
+    assert (driving, refs) == (False, 2)     # the loop let go of its caller's frame
     with pytest.raises(TypeError):
-        _speedups._returns_straight_to_driver(42)
+        _speedups.returns_straight_to_driver(42)
 
 
 def test_a_stack_that_is_not_a_list(perform):
@@ -543,15 +607,6 @@ def test_a_stack_that_is_not_a_list(perform):
 
 
 # --- the compiled round trip (suspend, switch_into, resume, the driver loop) ----------
-
-@pytest.mark.skipif(not COMPILED, reason="compiled round trip not in use")
-def test_compiled_round_trip_is_selected():
-    assert handlers.Continuation.resume is not handlers._resume_py
-    assert handlers.Continuation.__del__ is not handlers._del_py
-    assert handlers._switch_into is _speedups.switch_into
-    assert handlers._drive is handlers._drive_compiled
-    assert handlers._DRIVE_CODE is handlers._drive_compiled.__code__
-
 
 def test_tail_resumes_stay_tail_resumes_once_the_call_is_specialized(monkeypatch):
     # Python 3.11 runs a specialized call of a C function (the compiled resume)

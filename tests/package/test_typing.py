@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.abi import load_module
 
 import kina_fx
 from kina_fx import Continuation, Effect, Handler, perform
@@ -61,11 +62,7 @@ def test_generic_effect_works_at_run_time_and_stays_interned():
 
 
 def test_typed_example_runs():
-    sys.path.insert(0, HERE)
-    try:
-        import typed_example
-    finally:
-        sys.path.remove(HERE)
+    typed_example = load_module(EXAMPLE, "typed_example")
     assert typed_example.main() == {"result": (42, 42), "log": ["value 42"]}
 
 

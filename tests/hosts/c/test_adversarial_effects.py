@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from support.abi import build_fixture_library
 
-from test_c_host import kina_fx_config, run_clean
+from support.hosts import kina_fx_config, run_clean
 
 from kina_fx import Effect, Handler, KinaTypeError, ValidationError
 from kina_fx.ffi import effects as ffi_effects

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from test_c_host import kina_fx_config, run_clean
+from support.hosts import kina_fx_config, run_clean
 
 HERE = Path(__file__).parent
 pytestmark = pytest.mark.integration

@@ -16,24 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from support.hosts import clean_env, kina_fx_config, run_clean
+
 HERE = Path(__file__).parent
 pytestmark = pytest.mark.integration
 
 GCC = shutil.which("gcc")
 needs_gcc = pytest.mark.skipif(GCC is None, reason="gcc is not installed")
-
-
-def kina_fx_config(*flags: str) -> list[str]:
-    """Flags from the installed ``kina-fx config`` console script."""
-    script = Path(sys.executable).parent / "kina-fx"
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "kina_fx.cli"]
-    out = subprocess.run(cmd + ["config", *flags], check=True, capture_output=True, text=True).stdout
-    return out.split()
-
-
-def run_clean(argv, **kw):
-    """Run with an empty environment (env -i): no PATH, PYTHONPATH or LD_LIBRARY_PATH."""
-    return subprocess.run(["env", "-i", *map(str, argv)], capture_output=True, text=True, timeout=120, **kw)
 
 
 @needs_gcc
@@ -118,7 +107,7 @@ def test_failed_start_returns_internal_error_silently(dlopen_host, tmp_path):
 def test_kina_fx_python_overrides_the_interpreter(dlopen_host, tmp_path):
     """KINA_FX_PYTHON wins over the venv found above the library."""
     lonely = _fake_venv(tmp_path / "venv")
-    result = subprocess.run(["env", "-i", f"KINA_FX_PYTHON={sys.executable}", str(dlopen_host), str(lonely)],
+    result = subprocess.run([*clean_env(), f"KINA_FX_PYTHON={sys.executable}", str(dlopen_host), str(lonely)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "dlopen_host: ok" in result.stdout

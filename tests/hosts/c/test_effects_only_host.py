@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from test_c_host import kina_fx_config
+from support.hosts import kina_fx_config, run_clean
 
 HERE = Path(__file__).parent
 pytestmark = pytest.mark.integration
@@ -18,14 +18,12 @@ GCC = shutil.which("gcc")
 
 
 @pytest.mark.skipif(GCC is None, reason="gcc is not installed")
-@pytest.mark.parametrize("pure", [False, True], ids=["compiled", "pure-python"])
-def test_numpy_is_imported_by_the_first_memref_call_only(tmp_path, pure):
+def test_numpy_is_imported_by_the_first_memref_call_only(tmp_path):
     exe = tmp_path / "effects_only_host"
     subprocess.run([GCC, "-O2", "-Wall", "-Werror", str(HERE / "effects_only_host.c"),
                     *kina_fx_config("--cflags", "--libs"), "-ldl", "-o", str(exe)],
                    check=True, capture_output=True, text=True)
-    env = ["KINA_FX_PURE_PYTHON=1"] if pure else []
-    result = subprocess.run(["env", "-i", *env, str(exe)], capture_output=True, text=True, timeout=300)
+    result = run_clean([exe], timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "numpy_before_memref 0" in result.stdout and "numpy_after_memref 1" in result.stdout
     assert "checks passed, 0 failed" in result.stdout and "FAIL" not in result.stdout

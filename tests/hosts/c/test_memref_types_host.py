@@ -11,6 +11,7 @@ import pytest
 
 import kina_fx
 from kina_fx.errors import Status
+from support.hosts import run_clean
 
 HERE = Path(__file__).parent
 GCC = shutil.which("gcc")
@@ -33,7 +34,7 @@ def test_fixed_rank_descriptors_against_numpy(tmp_path):
                     str(HERE / "memref_types_host.c"), f"-I{kina_fx.get_include()}",
                     f"-L{libdir}", f"-Wl,-rpath,{libdir}", "-lkina_fx", "-o", str(exe)],
                    check=True, capture_output=True, text=True)
-    result = subprocess.run(["env", "-i", str(exe)], capture_output=True, text=True, timeout=120)
+    result = run_clean([exe])
     assert result.returncode == 0, result.stdout + result.stderr
     got = _results(result.stdout)
 

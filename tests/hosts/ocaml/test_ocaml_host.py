@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from support.hosts import kina_fx_config, run_clean
+
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE.parent / "c"))
-from test_c_host import kina_fx_config, run_clean  # noqa: E402
 
 pytestmark = pytest.mark.integration
 OCAMLFIND = shutil.which("ocamlfind")

@@ -1,4 +1,4 @@
-"""The breadth ops (kina_fx/autograd/ops_math.py, ops_shape.py, ops_linalg.py).
+"""The ops of kina_fx/autograd/ops_math.py, ops_shape.py and ops_linalg.py.
 
 Their primitives are rows of the op table, so the generic tests over the
 registry (test_autograd_numeric.py: finite differences to second order,
