@@ -6,11 +6,11 @@ Run: ``.venv/bin/python benches/bench_autograd.py [--rounds N] [--json out.json]
    backward (the ops cycle through tanh, *1.5, +0.25, sigmoid, -0.5; the result
    is summed to a scalar).  Contestants: kina_fx ``grad``, PyTorch CPU eager,
    HIPS autograd, and a minimal effect-free NumPy tape (closures in a list) as
-   the floor of what a Python tape costs.  Target: kina_fx <= 0.5x PyTorch.
+   the floor of what a Python tape costs.  Target (issue 18): kina_fx <= 0.4x PyTorch.
 2. ``mlp``: one step of a 784-256-10 ReLU MLP, batch 256, float32, softmax
    cross-entropy, forward + backward.  Contestants: kina_fx ``value_and_grad``,
    a hand-written NumPy forward/backward of the same network, PyTorch CPU.
-   Target: kina_fx <= 1.15x hand-written NumPy.
+   Target (issue 18): kina_fx <= 1.1x hand-written NumPy.
 3. ``mlp_gpu`` (only when CuPy sees a CUDA device): the same step with kina_fx on
    CuPy against PyTorch CUDA (both synchronised).
 

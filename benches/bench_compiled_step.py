@@ -125,6 +125,10 @@ def demo_seconds(epochs):
     return {name: r["seconds"] for name, r in results.items()}
 
 
+def _spread(values) -> str:
+    return f"**{statistics.median(values):.2f}x** [{min(values):.2f}, {max(values):.2f}]"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="16,64,256")
@@ -158,6 +162,13 @@ def main(argv=None):
             c, p, n = r["compiled + tape"], r["Python autograd"], r["NumPy by hand"]
             print(f"| {b} | {i + 1} | {c['median_us'] / 1e3:.3f} ms | {p['median_us'] / 1e3:.3f} ms | "
                   f"{n['median_us'] / 1e3:.3f} ms | **{c['ratio']:.2f}x** | {p['ratio']:.2f}x |")
+    if args.runs > 1:
+        print(f"\nover {args.runs} runs: median [min, max] of the runs' ratios")
+        print("| batch | compiled / NumPy | Python / NumPy |")
+        print("|---|---|---|")
+        for b, runs in results["runs"].items():
+            print(f"| {b} | {_spread([r['compiled + tape']['ratio'] for r in runs])} | "
+                  f"{_spread([r['Python autograd']['ratio'] for r in runs])} |")
     if args.demo_epochs:
         seconds = demo_seconds(args.demo_epochs)
         results["demo_seconds"] = seconds

@@ -45,6 +45,10 @@ def _torch():
     return torch
 
 
+def _spread(median, extremes) -> str:
+    return f"{median:.2f}x [{extremes[0]:.2f}, {extremes[1]:.2f}]"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=4096)
@@ -144,22 +148,24 @@ def main(argv=None):
                 fn()
                 times[k].append(time.perf_counter() - t0)
         row = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-        row["vs_copy"] = statistics.median(a / b for a, b in zip(times["kina_fx"], times["copy"]))
+        vs_copy = [a / b for a, b in zip(times["kina_fx"], times["copy"])]
+        row["vs_copy"], row["vs_copy_range"] = statistics.median(vs_copy), (min(vs_copy), max(vs_copy))
         if "baseline" in times:
-            row["vs_baseline"] = statistics.median(a / b for a, b in zip(times["kina_fx"], times["baseline"]))
+            vs = [a / b for a, b in zip(times["kina_fx"], times["baseline"])]
+            row["vs_baseline"], row["vs_baseline_range"] = statistics.median(vs), (min(vs), max(vs))
         row["baseline_is"] = {"torch": "PyTorch", "copy": "PyTorch", "blas": "np.matmul (BLAS)"}[target]
         row["target"] = target
         results["ops"][name] = row
     print(f"{n}x{n} float32, {threads} thread(s), {args.rounds} interleaved rounds; "
-          "ratios: median over rounds of the same-round ratio")
+          "ratios: median [min, max] over rounds of the same-round ratio")
     print("| op | kina_fx export ms | baseline | baseline ms | vs baseline | copy ms | vs copy | target |")
     print("|---|---|---|---|---|---|---|---|")
     goals = {"torch": "<= 1.0x PyTorch", "copy": "<= 1.2x copy", "blas": "= BLAS"}
     for name, r in results["ops"].items():
         base = f"{r['baseline']:.1f}" if "baseline" in r else "-"
-        vs = f"{r['vs_baseline']:.2f}x" if "vs_baseline" in r else "-"
+        vs = _spread(r["vs_baseline"], r["vs_baseline_range"]) if "vs_baseline" in r else "-"
         print(f"| {name} | {r['kina_fx']:.1f} | {r['baseline_is']} | {base} | {vs} | {r['copy']:.1f} | "
-              f"{r['vs_copy']:.2f}x | {goals[r['target']]} |")
+              f"{_spread(r['vs_copy'], r['vs_copy_range'])} | {goals[r['target']]} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
