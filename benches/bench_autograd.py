@@ -1,6 +1,6 @@
 """Autograd benchmarks: kina_fx tapes against PyTorch eager, HIPS autograd and NumPy.
 
-Run: ``.venv/bin/python benches/bench_autograd.py [--rounds N] [--json out.json]``
+Run: ``.venv/bin/python benches/bench_autograd.py [--rounds N] [--threads 1] [--clock cpu] [--json out.json]``
 
 1. ``chain``: 1,000 elementwise ops on a (1,)-shaped float64 input, forward +
    backward (the ops cycle through tanh, *1.5, +0.25, sigmoid, -0.5; the result
@@ -225,6 +225,12 @@ def mlp_gpu_contestants():
 # --- harness -----------------------------------------------------------------------
 
 
+#: The clock of every measurement (``--clock``): wall time, or the process's CPU
+#: time, which on a shared machine does not count the waits for a core (with
+#: ``--threads 1`` every contestant computes on the calling thread).
+clock = time.perf_counter
+
+
 def measure(contestants, rounds, warmup=3, baseline=None):
     """Seconds per call of each contestant: all of them once per round, interleaved.
 
@@ -236,9 +242,9 @@ def measure(contestants, rounds, warmup=3, baseline=None):
     times = {name: [] for name in contestants}
     for _ in range(rounds):
         for name, fn in contestants.items():
-            t = time.perf_counter()
+            t = clock()
             fn()
-            times[name].append(time.perf_counter() - t)
+            times[name].append(clock() - t)
     out = {name: {"median_s": float(np.median(ts)), "min_s": float(np.min(ts)),
                   "rounds": rounds} for name, ts in times.items()}
     if baseline in times:
@@ -269,7 +275,7 @@ def run(rounds=30, quick=False):
 
 
 def report(results):
-    lines = [f"threads: {results.get('threads', 'library default')}", ""]
+    lines = [f"threads: {results.get('threads', 'library default')}, clock: {results.get('clock', 'wall')}", ""]
     chain = results["chain"]
     lines.append(f"chain of {CHAIN_OPS} elementwise ops, (1,) float64, forward + backward")
     lines.append("| contestant | median ms | min ms | median us/op | vs PyTorch (same round) |")
@@ -308,10 +314,14 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--quick", action="store_true", help="3 rounds (smoke test)")
     parser.add_argument("--json", help="also write the raw results here")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall time, or the process's CPU time (use with --threads 1)")
     parser.add_argument("--threads", type=int, default=None,
                         help="limit BLAS/OpenMP threads (NumPy via threadpoolctl, PyTorch via "
                              "set_num_threads) for every contestant; default: the libraries' own")
     args = parser.parse_args(argv)
+    global clock
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.threads:
         from threadpoolctl import threadpool_limits
         threadpool_limits(args.threads)
@@ -320,6 +330,7 @@ def main(argv=None):
             torch.set_num_threads(args.threads)
     results = run(args.rounds, args.quick)
     results["threads"] = args.threads or "library default"
+    results["clock"] = args.clock
     print(report(results))
     if args.json:
         with open(args.json, "w") as f:

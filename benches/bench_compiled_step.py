@@ -22,7 +22,8 @@ under OMP_NUM_THREADS=1; kina_fx's kernel threads only start on arrays of
 
 ``--demo-epochs N`` also trains the demo (kina_fx/demos/compiled.py: digits,
 64-128-10, batch 64) for N epochs and reports its compiled section's seconds
-against its Python section's (both timed per step, interleaved per batch).
+against its Python section's (both timed per step with ``--clock``,
+interleaved per batch).
 
 Issue 18's targets: compiled + tape <= 1.2x NumPy by hand at batch 16, 64
 and 256; the demo's compiled section no slower than its Python one.
@@ -116,12 +117,12 @@ def measure(steps, rounds, clock):
                    "ratio": statistics.median(t) / base} for name, t in times.items()}
 
 
-def demo_seconds(epochs):
+def demo_seconds(epochs, clock):
     from kina_fx.demos import compiled as demo_compiled
 
     with tempfile.TemporaryDirectory() as tmp:
         loss = demo_compiled.load_compiled_loss(tmp)
-        results = demo_compiled.train_both(loss, epochs=epochs, progress=False)
+        results = demo_compiled.train_both(loss, epochs=epochs, progress=False, clock=clock)
     return {name: r["seconds"] for name, r in results.items()}
 
 
@@ -170,9 +171,9 @@ def main(argv=None):
             print(f"| {b} | {_spread([r['compiled + tape']['ratio'] for r in runs])} | "
                   f"{_spread([r['Python autograd']['ratio'] for r in runs])} |")
     if args.demo_epochs:
-        seconds = demo_seconds(args.demo_epochs)
+        seconds = demo_seconds(args.demo_epochs, time.thread_time if args.clock == "cpu" else time.perf_counter)
         results["demo_seconds"] = seconds
-        print(f"\ndemo ({args.demo_epochs} epochs, wall time of the steps): compiled section "
+        print(f"\ndemo ({args.demo_epochs} epochs, {args.clock} time of the steps): compiled section "
               f"{seconds['compiled']:.2f} s, Python section {seconds['python']:.2f} s: "
               f"**{seconds['compiled'] / seconds['python']:.2f}x**")
     if args.json:
