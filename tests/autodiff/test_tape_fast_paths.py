@@ -6,6 +6,10 @@
 * the identity of a cached view (memref.ViewCache) and of a compiled call's
   memref, read from the descriptor's words, against the identity read from
   the array itself;
+* the tracer's overwrite check (``BufferTracer.read``: memcmp straight
+  against the recorded value, whose shape and type the buffer's identity
+  key fixes) against the reference comparison, for every way a buffer gets
+  into the table;
 * the memoised shape check of a runtime op against the check itself.
 """
 from __future__ import annotations
@@ -101,6 +105,55 @@ def test_copy_bytes_refuses_read_only_or_mismatched_buffers():
     short = np.zeros(5, np.float32)
     assert core.copy_bytes(short, src) is NotImplemented and not short.any()
     assert core.same_bytes(src, src[:5]) is False
+
+
+@settings(**SETTINGS)
+@given(shape=shapes, dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**16),
+       change=st.sampled_from(["none", "value", "negative zero", "same value"]),
+       kind=st.sampled_from(["contiguous", "reversed", "fortran"]),
+       how=st.sampled_from(["constant", "produced", "given", "pending constant"]),
+       fast=st.booleans())
+def test_the_tracers_overwrite_check_agrees_with_the_reference(shape, dtype, seed, change, kind, how, fast):
+    rng = np.random.default_rng(seed)
+    values = np.asarray(rng.standard_normal(shape) * 3).astype(dtype)
+    index = np.unravel_index(int(rng.integers(values.size)), shape) if values.size else None
+    if change == "negative zero" and index is not None:
+        values[index] = 0.0
+    buffer = layout(values, kind)
+    saved = memory._same_bytes
+    if not fast:
+        memory._same_bytes = None           # the reference comparison only
+    tracer = memory.BufferTracer(strict=False)
+    tracer.start()
+    try:
+        if how == "constant":
+            tracer.declare_constant(buffer)
+        elif how == "produced":
+            tracer.record(buffer, buffer.copy())
+        elif how == "given":
+            tracer.bind(buffer, buffer.copy(), buffer.copy())
+        else:                               # a lenient tape's unknown buffer, taken for a constant
+            tracer.read(buffer, "x")
+        (entry,) = tracer.table.values()
+        # what lets read() compare bytes straight away: the recorded value has the buffer's shape and type
+        assert entry.value.shape == buffer.shape and entry.value.dtype == buffer.dtype
+        recorded = np.array(entry.value, copy=True)
+        if index is not None:
+            if change == "value":
+                buffer[index] += 1
+            elif change == "negative zero":
+                buffer[index] = -0.0
+            elif change == "same value":
+                buffer[index] = values[index]
+        if numpy_unchanged(buffer, recorded):
+            assert tracer.read(buffer, "x") is entry.tensor
+        else:
+            assert change in ("value", "negative zero")
+            with pytest.raises(memory.TapeError, match="overwritten"):
+                tracer.read(buffer, "x")
+    finally:
+        tracer.stop()
+        memory._same_bytes = saved
 
 
 @settings(**SETTINGS)
