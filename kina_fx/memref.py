@@ -394,15 +394,13 @@ class ViewCache:
     writing through them would be undefined.
     """
 
-    __slots__ = ("dtype", "output", "views", "_bounds")
+    __slots__ = ("dtype", "output", "views")
 
     def __init__(self, dtype: Any, output: bool = False) -> None:
         self.dtype = np.dtype(dtype)
         self.output = output
         self.views: dict = {}
-        self._bounds: dict = {}     # descriptor bytes -> (view, lo, hi)
         _caches.append(self.views)
-        _caches.append(self._bounds)
 
     def view(self, ptr: Any, name: str = "memref") -> np.ndarray:
         if not ptr:
@@ -419,39 +417,17 @@ class ViewCache:
             view = self._miss(rank, raw, name)
         return view
 
-    def view_and_bounds(self, ptr, name: str = "memref"):
-        """``(view, lo, hi)``: :meth:`view`, and the byte addresses ``[lo, hi)``
-        its elements lie in (``lo == hi``: it has none).  The same checks as
-        :meth:`view`, repeated rather than shared: both are the hot path."""
-        if not ptr:
-            raise ValidationError(f"{name}: null memref pointer")
-        rank = ptr.rank
-        if not 0 <= rank <= MAX_RANK:
-            raise ValidationError(f"{name}: rank {rank} out of range [0, {MAX_RANK}]")
-        desc = ptr.descriptor
-        if not desc:
-            raise ValidationError(f"{name}: null descriptor pointer")
-        raw = _buffer(desc, DESCRIPTOR_BYTES[rank])[:]
-        entry = self._bounds.get(raw)
-        if entry is None:
-            self._miss(rank, raw, name)
-            entry = self._bounds[raw]
-        return entry
-
     def _miss(self, rank, raw, name):
         d = _decode(rank, raw, name)
         if self.output:
             check_output_layout(d, name)
         view = numpy_view(d, self.dtype, name)
-        ext = _extent(d, self.dtype.itemsize, name)
         if len(self.views) >= _CACHE_LIMIT:
             self.views.clear()
-            self._bounds.clear()
         if len(_view_identities) >= _CACHE_LIMIT * 8:
             _view_identities.clear()
         _view_identities[id(view)] = (view, _descriptor_identity(d, self.dtype))
         self.views[raw] = view
-        self._bounds[raw] = (view, 0, 0) if ext is None else (view, ext[0], ext[0] + ext[1])
         return view
 
 
