@@ -594,14 +594,17 @@ def _log_softmax_reference(np, x, axis=-1):
     return s - np.log(np.sum(np.exp(s), axis=axis, keepdims=True))
 
 
+def _axis_prepare(x, axis=-1):
+    return x, int(axis)
+
+
 @op(sample=samples.along_axis(), reference=_softmax_reference)
 class softmax:
     """Numerically stable softmax along ``axis``."""
     def kernel(x, axis):
         return gpu_ops.softmax(x, axis)
 
-    def prepare(x, axis=-1):
-        return x, int(axis)
+    prepare = _axis_prepare
 
     def vjp_x(o, g, out, x, axis):
         gy = o.mul(g, out)
@@ -614,12 +617,12 @@ class softmax:
 
 @op(sample=samples.along_axis(), reference=_log_softmax_reference)
 class log_softmax:
-    """Numerically stable log-softmax along ``axis``."""
+    """Numerically stable log-softmax along ``axis``: ``x - logsumexp(x, axis)``,
+    the logarithm of :func:`softmax`."""
     def kernel(x, axis):
         return gpu_ops.log_softmax(x, axis)
 
-    def prepare(x, axis=-1):
-        return x, int(axis)
+    prepare = _axis_prepare
 
     def vjp_x(o, g, out, x, axis):
         return o.sub(g, o.mul(o.exp(out), o.sum(g, axis, True)))

@@ -231,21 +231,15 @@ def _public_general(prim, prepare):
     return fn
 
 
-def _operator_methods(eff):
-    def forward(self, other):
+def _operator_method(eff, reflected):
+    """``Tensor.__add__`` (``reflected``: ``__radd__``) of the op ``eff``."""
+    def method(self, other):
         c = other.__class__
         if c is not float and (c is list or c is tuple):
             other = _as_array(other)
-        r = perform(eff, self, other)
+        r = perform(eff, other, self) if reflected else perform(eff, self, other)
         return r if r.__class__ is Tensor else _plain(r)
-
-    def reflected(self, other):
-        c = other.__class__
-        if c is not float and (c is list or c is tuple):
-            other = _as_array(other)
-        r = perform(eff, other, self)
-        return r if r.__class__ is Tensor else _plain(r)
-    return forward, reflected
+    return method
 
 
 def _unary_operator(eff):
@@ -506,9 +500,8 @@ def op(name: str | None = None, *, numpy: Any = (), operator: str | None = None,
         if operator in ("neg",):
             Tensor.__neg__ = _unary_operator(p.effect)
         elif operator is not None:
-            fwd, rev = _operator_methods(p.effect)
-            setattr(Tensor, f"__{operator}__", fwd)
-            setattr(Tensor, f"__r{operator}__", rev)
+            setattr(Tensor, f"__{operator}__", _operator_method(p.effect, False))
+            setattr(Tensor, f"__r{operator}__", _operator_method(p.effect, True))
         for m in p.methods:
             setattr(Tensor, m, public)
         if "method" in body:
