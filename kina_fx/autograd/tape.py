@@ -113,6 +113,15 @@ class Tape:
     def __exit__(self, *exc: Any) -> None:
         _tape_pool.exit(self, exc)
 
+    def _record(self, rule, ids, u, v, out, prim) -> Tensor:
+        """Append the node ``(rule, id of out, ids, u, v, out, prim)`` (see
+        :meth:`_backward`) and return ``out``'s box.  The hottest clauses
+        (:func:`_elementwise_factory` and its siblings) inline it."""
+        i = self._n
+        self._n = i + 1
+        self._nodes.append((rule, i, ids, u, v, out, prim))
+        return _box(out, self, i)
+
     def watch(self, x, name: str | None = None) -> Tensor:
         """A box of this tape for ``x`` (array, scalar or Tensor): the values
         gradients can be taken with respect to.
@@ -488,11 +497,8 @@ def _general_factory(prim):
             for k in range(nin):
                 if ids[k] < 0 and is_complex(inner[k]):
                     _refuse_complex(prim)
-            i = tape._n
-            tape._n = i + 1
-            tape._nodes.append((rule, i, tuple(ids), tuple(inner[:nin]), tuple(inner[nin:]),
-                                out, prim))
-            return _box(out, tape, i)
+            return tape._record(rule, tuple(ids), tuple(inner[:nin]), tuple(inner[nin:]), out,
+                                prim)
         return clause
     return make
 
@@ -516,9 +522,6 @@ def _sequence_factory(prim):
             for i, v in zip(ids, inner):
                 if i < 0 and is_complex(v):
                     _refuse_complex(prim)
-            i = tape._n
-            tape._n = i + 1
-            tape._nodes.append((rule, i, tuple(ids), (inner,), params, out, prim))
-            return _box(out, tape, i)
+            return tape._record(rule, tuple(ids), (inner,), params, out, prim)
         return clause
     return make
