@@ -634,7 +634,7 @@ def weighted_reduction(weights: Callable) -> tuple:
     """The rules ``(vjp_x, jvp_x)`` of a reduction ``f(x, axis, keepdims)``
     whose derivative is ``weights(o, x, out, axis, keepdims)`` (an array of
     ``x``'s shape): the cotangent is ``g`` expanded back times the weights,
-    the tangent the reduction of ``t`` times the weights."""
+    the tangent the sum over ``axis`` of ``t`` times the weights."""
     def vjp_x(o, g, out, x, axis, keepdims):
         return o.mul(expand_back(o, g, x.shape, axis, keepdims),
                      weights(o, x, out, axis, keepdims))
