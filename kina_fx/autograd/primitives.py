@@ -531,6 +531,7 @@ def unary_ufunc(domain: str = "real", *, methods: Any = ()) -> Callable:
         name = d_x.__name__
         spec = type(name, (), {"__doc__": d_x.__doc__, "__module__": d_x.__module__,
                                "kernel": xp_kernel(name), "d_x": d_x})
+        d_x.__name__, d_x.__qualname__ = "d_x", f"{name}.d_x"     # as in the block
         return _register_ufunc(name, spec, domain, methods=methods, elementwise=True)
     return register
 
