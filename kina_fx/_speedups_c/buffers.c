@@ -22,23 +22,37 @@ PyDoc_STRVAR(same_bytes_doc,
 "when either is not a C-contiguous buffer (a strided view, a device array):\n"
 "the caller compares them another way.  The caller checks shape and type.");
 
+/* Both arguments' buffers, C-contiguous (the first with ``first_flags`` too):
+ * 1 when both are held (the caller releases them), 0 when either is not such
+ * a buffer (nothing held, no error: the caller answers NotImplemented), -1
+ * with an exception set for a wrong number of arguments. */
+static int
+two_buffers(const char *name, PyObject *const *args, Py_ssize_t nargs, int first_flags,
+            Py_buffer *a, Py_buffer *b)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "%s takes 2 arguments, got %zd", name, nargs);
+        return -1;
+    }
+    if (PyObject_GetBuffer(args[0], a, PyBUF_C_CONTIGUOUS | first_flags) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (PyObject_GetBuffer(args[1], b, PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyBuffer_Release(a);
+        return 0;
+    }
+    return 1;
+}
+
 static PyObject *
 same_bytes(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "same_bytes takes 2 arguments, got %zd", nargs);
-        return NULL;
-    }
     Py_buffer a, b;
-    if (PyObject_GetBuffer(args[0], &a, PyBUF_C_CONTIGUOUS) < 0) {
-        PyErr_Clear();
-        Py_RETURN_NOTIMPLEMENTED;
-    }
-    if (PyObject_GetBuffer(args[1], &b, PyBUF_C_CONTIGUOUS) < 0) {
-        PyErr_Clear();
-        PyBuffer_Release(&a);
-        Py_RETURN_NOTIMPLEMENTED;
-    }
+    int held = two_buffers("same_bytes", args, nargs, 0, &a, &b);
+    if (held <= 0)
+        return held < 0 ? NULL : Py_NewRef(Py_NotImplemented);
     int same;
     if (a.len != b.len)
         same = 0;
@@ -66,20 +80,10 @@ PyDoc_STRVAR(copy_bytes_doc,
 static PyObject *
 copy_bytes(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "copy_bytes takes 2 arguments, got %zd", nargs);
-        return NULL;
-    }
     Py_buffer dst, src;
-    if (PyObject_GetBuffer(args[0], &dst, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyErr_Clear();
-        Py_RETURN_NOTIMPLEMENTED;
-    }
-    if (PyObject_GetBuffer(args[1], &src, PyBUF_C_CONTIGUOUS) < 0) {
-        PyErr_Clear();
-        PyBuffer_Release(&dst);
-        Py_RETURN_NOTIMPLEMENTED;
-    }
+    int held = two_buffers("copy_bytes", args, nargs, PyBUF_WRITABLE, &dst, &src);
+    if (held <= 0)
+        return held < 0 ? NULL : Py_NewRef(Py_NotImplemented);
     int same = dst.len == src.len;
     if (same && dst.buf != src.buf && dst.len > 0) {
         if (dst.len < KFX_RELEASE_GIL_BYTES)
