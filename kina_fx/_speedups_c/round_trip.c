@@ -597,8 +597,9 @@ abort_unless_kept(PyObject **k, PyObject *handler, PyObject **result)
 
 /* handlers._drive_py's loop.  Call it through drive_from_here, never
  * directly: the tail check must know it runs.  The chains and sends of tail
- * resumes are dropped as soon as the switch has taken them. */
-static PyObject *
+ * resumes are dropped as soon as the switch has taken them.  Inlined into its
+ * callers, as drive_from_here is. */
+static inline __attribute__((always_inline)) PyObject *
 rt_drive(PyObject *chain, PyObject *send)
 {
     Py_INCREF(chain);
@@ -723,15 +724,10 @@ rt_drive(PyObject *chain, PyObject *send)
  * execution, stopped in the call of the loop, keeps it alive meanwhile, and
  * it is only ever compared. */
 
-int
-kfx_drives_from(PyObject *frame)
-{
-    return kfx_current != NULL && frame != NULL && kfx_current->driver_frame == frame;
-}
-
 /* rt_drive, with the frame of its caller as this fiber's driver frame while
- * it runs (no Python caller: no frame; its clauses' resumes then nest). */
-static PyObject *
+ * it runs (no Python caller: no frame; its clauses' resumes then nest).
+ * Inlined: one C frame less on the stack greenlet saves at each switch. */
+static inline __attribute__((always_inline)) PyObject *
 drive_from_here(PyObject *chain, PyObject *send)
 {
     KFiber *fiber = kfx_current;
