@@ -233,7 +233,7 @@ new_tail_resume(PyObject *chain, PyObject *send)
 }
 
 /* Drop the driver's reference to a _TailResume whose fields it took. */
-static void
+static inline void
 release_tail_resume(PyObject *tr)
 {
     if (Py_REFCNT(tr) == 1 && Py_TYPE(tr) == g_tail_t && tails_cached < CHAIN_CACHE) {
@@ -653,7 +653,9 @@ rt_drive(PyObject *chain, PyObject *send)
                 }
                 Py_DECREF(clause);
             }
-            if (abort_unless_kept(&k, handler, &result) < 0)
+            /* The usual case, k used, needs no call. */
+            int used = Py_TYPE(k) == g_cont_t && SLOT(k, off_top) == Py_None;
+            if (!used && abort_unless_kept(&k, handler, &result) < 0)
                 result = NULL;
             Py_DECREF(handler);
             Py_DECREF(args);
