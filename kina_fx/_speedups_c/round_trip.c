@@ -741,14 +741,20 @@ drive_from_here(PyObject *chain, PyObject *send)
     Py_INCREF(fiber);
     PyObject *outer = fiber->driver_frame;
     fiber->driver_frame = frame;
+    fiber->drivers++;
     PyObject *r = rt_drive(chain, send);
+    fiber->drivers--;
     fiber->driver_frame = outer;
     Py_DECREF(fiber);
     return r;
 }
 
-/* handlers._stack_is_deep: the Python stack of this greenlet is deeper than
- * _HOP_DEPTH frames, as the thread state counts calls. */
+/* handlers._stack_is_deep_py: the stack of this greenlet is deeper than
+ * _HOP_DEPTH frames.  The Python frames as the thread state counts calls,
+ * and the C driver loops running on this fiber, one frame each: where the
+ * reference has a frame of _drive_py, so that deep chains of non-tail
+ * resumes hop to a fresh stack as often (the C stack that every greenlet
+ * switch copies stays as short). */
 static int
 stack_is_deep(void)
 {
@@ -760,7 +766,22 @@ stack_is_deep(void)
 #else
     int depth = ts->recursion_depth;
 #endif
+    if (kfx_current != NULL)
+        depth += kfx_current->drivers;
     return depth > g_hop_depth;
+}
+
+PyDoc_STRVAR(stack_is_deep_doc,
+"stack_is_deep($module, /)\n--\n\n"
+"Compiled kina_fx.handlers._stack_is_deep_py, counting each C driver loop\n"
+"running on this fiber as the frame of _drive_py it stands for.");
+
+static PyObject *
+stack_is_deep_fn(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+{
+    if (!KFX_READY())
+        return NULL;
+    return Py_NewRef(stack_is_deep() ? Py_True : Py_False);
 }
 
 /* A resume not in tail position nests a driver loop here (handlers._resume_from):
@@ -824,5 +845,6 @@ kfx_continuation_finalize(PyObject *self)
 PyMethodDef kfx_round_trip_methods[] = {
     {"switch_into", (PyCFunction)(void (*)(void))switch_into, METH_FASTCALL, switch_into_doc},
     {"drive", (PyCFunction)(void (*)(void))drive, METH_FASTCALL, drive_doc},
+    {"stack_is_deep", stack_is_deep_fn, METH_NOARGS, stack_is_deep_doc},
     {NULL, NULL, 0, NULL},
 };

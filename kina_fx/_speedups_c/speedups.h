@@ -61,6 +61,7 @@ typedef struct {
     /* The frame the innermost C driver loop running on this fiber was called
      * from (round_trip.c), or NULL: borrowed, only ever compared. */
     PyObject *driver_frame;
+    int drivers;                        /* C driver loops running on this fiber */
 } KFiber;
 
 typedef struct {
