@@ -892,12 +892,17 @@ def _resume_from(caller, k, send):
 _HOP_DEPTH = 300
 
 
-def _stack_is_deep() -> bool:
+def _stack_is_deep_py() -> bool:
     try:
         sys._getframe(_HOP_DEPTH)
     except ValueError:
         return False
     return True
+
+
+# The compiled check counts the C driver loops running on this fiber too, one
+# frame each, as this one counts _drive_py's frames.
+_stack_is_deep = _stack_is_deep_py if _speedups is None else _speedups.stack_is_deep
 
 
 def _drive_on_fresh_stack(chain, send):

@@ -61,6 +61,7 @@ typedef struct {
     /* The frame the innermost C driver loop running on this fiber was called
      * from (round_trip.c), or NULL: borrowed, only ever compared. */
     PyObject *driver_frame;
+    int drivers;                        /* C driver loops running on this fiber */
 } KFiber;
 
 typedef struct {
@@ -416,8 +417,13 @@ int kfx_init_round_trip(void);
  * or past handlers._HOP_DEPTH frames handlers._drive_on_fresh_stack).
  * Steals chain and send. */
 PyObject *kfx_nest_drive(PyObject *chain, PyObject *send);
-/* Is ``frame`` the caller of a C driver loop that is running (1 / 0)? */
-int kfx_drives_from(PyObject *frame);
+/* Is ``frame`` the one the innermost C driver loop of the running fiber was
+ * called from (1 / 0)?  (round_trip.c says why that is the driver's frame.) */
+static inline int
+kfx_drives_from(PyObject *frame)
+{
+    return kfx_current != NULL && frame != NULL && kfx_current->driver_frame == frame;
+}
 extern PyTypeObject *g_chain_t, *g_cont_t;
 extern PyObject *g_performed, *g_returned, *g_raised;
 extern PyMethodDef kfx_round_trip_methods[];

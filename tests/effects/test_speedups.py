@@ -625,6 +625,24 @@ def test_tail_resumes_stay_tail_resumes_once_the_call_is_specialized(monkeypatch
     assert len(made) == 1                    # the body's own fiber, nothing else
 
 
+def test_nested_resumes_hop_to_a_fresh_stack_at_least_every_half_hop_depth(monkeypatch):
+    # Each nested (non-tail) resume adds a clause frame and a driver loop to
+    # the stack: the C loop, which has no frame, counts as one, as the
+    # reference's _drive_py frame does.  Counted less, the C stack that every
+    # greenlet switch copies grew twice as deep between hops.
+    made = []
+    new_fiber = fibers.new_fiber
+    monkeypatch.setattr(fibers, "new_fiber", lambda *a, **kw: made.append(a) or new_fiber(*a, **kw))
+    n = 3000
+
+    def body():
+        for i in range(n):
+            handlers.perform(E, i)
+        return 0
+    assert Handler(on={E: lambda k, x: k.resume(x) + 1}).run(body) == n
+    assert len(made) - 1 >= n // (handlers._HOP_DEPTH // 2), len(made)   # - the body's own fiber
+
+
 def test_resume_cases_the_compiled_method_hands_to_the_python_one():
     assert Handler(on={E: lambda k, x: k.resume(value=x + 1)}).run(lambda: handlers.perform(E, 1)) == 2
 
