@@ -493,7 +493,10 @@ class Continuation(Chain, data_type("ContinuationData", ("shallow",), base=Chain
     def discontinue(self, exc: Union[BaseException, type]) -> T:
         """OCaml ``discontinue k exc``: raise ``exc`` at the perform site."""
         self._check(shallow=False)
-        return _resume_from(sys._getframe(1), self, (True, _as_exception(exc)))
+        # Passed on without a reference here (see _resume_from).
+        send = [(True, _as_exception(exc))]
+        exc = None
+        return _resume_from(sys._getframe(1), self, send.pop())
 
     def resume_with(self, value: R, handler: Handler) -> Any:
         """OCaml ``Effect.Shallow.continue_with k value handler``."""
@@ -505,7 +508,9 @@ class Continuation(Chain, data_type("ContinuationData", ("shallow",), base=Chain
         """OCaml ``Effect.Shallow.discontinue_with k exc handler``."""
         self._check(shallow=True)
         self._install(handler)
-        return _resume_from(sys._getframe(1), self, (True, _as_exception(exc)))
+        send = [(True, _as_exception(exc))]
+        exc = None
+        return _resume_from(sys._getframe(1), self, send.pop())
 
     def __del__(self):
         # Dropped without being used: run its cleanup (not at interpreter exit,
@@ -863,9 +868,12 @@ def _drive_compiled(chain, send):
     """_drive with its loop compiled (_speedups_c/round_trip.c's rt_drive); replaces _drive.
 
     The clauses the C loop calls see this frame as their caller, so the tail
-    check looks for this function's code instead of _drive_py's.
+    check looks for this function's code instead of _drive_py's.  The C loop
+    empties the list: this frame keeps no reference to chain and send.
     """
-    return _drive_c(chain, send)
+    step = [chain, send]
+    del chain, send
+    return _drive_c(step)
 
 
 def _resume_from(caller, k, send):
@@ -876,7 +884,13 @@ def _resume_from(caller, k, send):
     del caller
     if _stack_is_deep():
         return _drive_on_fresh_stack(chain, send)
-    return _drive(chain, send)
+    # The driver gets chain and send with no reference left here: a send may
+    # hold an exception thrown into the body, whose traceback holds the frames
+    # it goes through, and what they reference (a clause's continuation would
+    # look kept, and not be aborted, while the resumed code runs).
+    step = [chain, send]
+    del chain, send
+    return _drive(step.pop(0), step.pop())
 
 
 # A resume that is not in tail position nests: the clause waits on the

@@ -623,14 +623,16 @@ bind_abort(PyObject *Py_UNUSED(module), PyObject *fn)
 /* handlers._drive's loop (the Python function of that name is the reference).
  * handlers binds it behind a one-line Python ``_drive`` frame, so that the
  * clauses called from here still have a driver frame to return to (the tail
- * check looks for its code).  That frame holds the first (chain, send), as
- * the callers of the Python _drive do; the chains and sends of later tail
- * resumes are dropped here as soon as the switch has taken them. */
+ * check looks for its code).  That frame hands over the first (chain, send)
+ * in a list that drive() empties, as the Python _drive keeps neither; the
+ * chains and sends of later tail resumes are dropped here as soon as the
+ * switch has taken them.  (A send may hold an exception thrown into the body,
+ * whose traceback holds the frames it goes through and what they reference:
+ * a clause's continuation would look kept, and not be aborted.)
+ * Steals chain and send. */
 static PyObject *
 rt_drive(PyObject *chain, PyObject *send)
 {
-    Py_INCREF(chain);
-    Py_INCREF(send);
     for (;;) {
         PyObject *msg = kfx_switch_into_stealing(chain, send);
         kfx_release_chain(chain);
@@ -739,22 +741,34 @@ rt_drive(PyObject *chain, PyObject *send)
 }
 
 PyDoc_STRVAR(drive_doc,
-"drive($module, chain, send, /)\n--\n\n"
-"Compiled loop of kina_fx.handlers._drive (call it from a frame running the\n"
-"driver code bound with _bind_tail).");
+"drive($module, step, /)\n--\n\n"
+"Compiled loop of kina_fx.handlers._drive, given [chain, send] (emptied) or\n"
+"chain, send (call it from a frame running the driver code bound with _bind_tail).");
 
 static PyObject *
 drive(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "drive(chain, send) takes 2 arguments");
-        return NULL;
-    }
     if (!rt_bound) {
         PyErr_SetString(PyExc_RuntimeError, "kina_fx._speedups: _bind_round_trip was not called");
         return NULL;
     }
-    return rt_drive(args[0], args[1]);
+    if (nargs == 1 && PyList_CheckExact(args[0]) && PyList_GET_SIZE(args[0]) == 2) {
+        /* drive([chain, send]): taken out of the list, which is left empty */
+        PyObject *step = args[0];
+        PyObject *chain = Py_NewRef(PyList_GET_ITEM(step, 0));
+        PyObject *send = Py_NewRef(PyList_GET_ITEM(step, 1));
+        if (PyList_SetSlice(step, 0, 2, NULL) < 0) {
+            Py_DECREF(chain);
+            Py_DECREF(send);
+            return NULL;
+        }
+        return rt_drive(chain, send);
+    }
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "drive([chain, send]) or drive(chain, send)");
+        return NULL;
+    }
+    return rt_drive(Py_NewRef(args[0]), Py_NewRef(args[1]));
 }
 
 /* Continuation.__del__ as ContinuationData's tp_finalize (the Python method

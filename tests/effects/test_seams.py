@@ -103,3 +103,4 @@ def test_clause_returning_after_an_inner_abort_still_aborts_its_own_body():
 
     events.append(Handler(on={C: outer_clause}).run(body))
     assert events == ["finally", "inner early exit"]
+
