@@ -28,16 +28,15 @@ therefore run in constant stack, however many effects are performed.
 """
 from __future__ import annotations
 
-import gc
 import os
 import re
 import sys
 import threading
-import types
 from typing import (TYPE_CHECKING, Any, Callable, Concatenate, Generic, Iterable, Mapping, Optional,
                     ParamSpec, Tuple, TypeVar, Union)
 
 from . import fibers, tailcalls
+from .references import dying_with_traceback
 from .errors import Cancelled, ContinuationAlreadyResumed, Unhandled, ValidationError
 from .fibers import RAISED, RETURNED, Chain, check_owner, data_type, local, thread_token
 from greenlet import GreenletExit
@@ -736,10 +735,10 @@ def _drive(chain, send):
     or a control clause's.  A clause that resumes a continuation in tail
     position hands it back here instead of nesting (see _resume_from).
     """
-    # Each step's chain and send go to the switch and stay nowhere here (as in
-    # the compiled loop): a send may hold an exception that a discontinue
-    # raises in the body, which holds the frames it went through, and what
-    # they reference (the first ones stay referenced by the callers, as in C).
+    # Each step's chain and send go to the switch with no reference left here
+    # (as in the compiled loop): a send may hold an exception that a
+    # discontinue raises in the body, which holds the frames it goes through,
+    # and what they reference (see _resume_from).
     step = [chain, send]
     del chain, send
     while True:
@@ -795,7 +794,7 @@ def _abort_unless_kept(box, handler, exc):
     k = box.pop()
     # References: ``k`` here and getrefcount's argument; when the clause raised,
     # the frames of the traceback (the clause's own arguments) do not count.
-    if sys.getrefcount(k) - _referenced_by_traceback(k, exc) > 2:
+    if sys.getrefcount(k) - dying_with_traceback(k, exc) > 2:
         return
     signal = fibers.Unwind("the handler returned without resuming: the body is aborted")
     try:
@@ -816,47 +815,6 @@ def _abort_unless_kept(box, handler, exc):
         # every caller's frame alive, and what they reference: the
         # continuation of an outer clause, then not aborted when it returns.
         signal.__traceback__ = None
-
-
-def _referenced_by_traceback(k, exc):
-    # How many references to k die with exc's traceback: those of its frames
-    # (a clause's argument), and those of objects that only such frames and
-    # such objects hold: a bound ``k.resume`` handed to a helper, a wrapper made
-    # for the clause (aio's AsyncContinuation, multishot's MultiContinuation),
-    # that wrapper's bound ``resume``.  An object is counted once every
-    # reference to it is accounted for, which is looked for a few levels down.
-    # The exception itself is no such object: ``raise Stop(k)`` keeps k.
-    if exc is None:
-        return 0
-    count = 0
-    level = []
-    tb = exc.__traceback__
-    while tb is not None:
-        level.append(tb.tb_frame)
-        tb = tb.tb_next
-    held = {}                       # id -> [object, references from the frames and dying holders]
-    scanned = set()
-    for _ in range(_HOLDER_LEVELS):
-        for holder in level:
-            for ref in gc.get_referents(holder):
-                if ref is k:
-                    count += 1
-                elif not isinstance(ref, _NOT_HOLDERS):
-                    held.setdefault(id(ref), [ref, 0])[1] += 1
-        holder = ref = None         # the loops' last values: not references to count
-        level = []
-        for key, entry in held.items():
-            # - the entry, - getrefcount's argument: what is left must all be accounted for
-            if key not in scanned and sys.getrefcount(entry[0]) - 2 == entry[1]:
-                scanned.add(key)
-                level.append(entry[0])
-        if not level:
-            break
-    return count
-
-
-_HOLDER_LEVELS = 8
-_NOT_HOLDERS = (types.FrameType, types.CodeType, types.ModuleType, BaseException)
 
 
 _DRIVE_CODE = _drive.__code__
