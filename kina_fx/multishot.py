@@ -55,7 +55,8 @@ from .errors import ValidationError
 from .fibers import RAISED, Chain
 from .handlers import FORWARD, Effect, Handler, perform
 
-__all__ = ["MultiHandler", "MultiContinuation", "ReplayDiverged", "under_multihandler"]
+__all__ = ["MultiHandler", "MultiContinuation", "ReplayDiverged", "under_multihandler",
+           "perform_in_every_run"]
 
 # Past this many Python frames a replay starts on a fresh fiber, so that deep
 # searches (a shot inside a shot inside a shot...) cost heap, not RecursionError.
@@ -208,9 +209,27 @@ class _Recorded:
     def get(self, effect, default=None):
         clause = self.clauses.get(effect)
         if clause is None:
+            if effect in _PERFORMED_BY_EVERY_RUN:
+                return default          # not recorded: the run's handler forwards it
             run = self.run
             clause = self.clauses[effect] = lambda *args: run.recorded(effect, args)
         return clause
+
+
+# Effects that every run performs itself, replays included (see perform_in_every_run).
+_PERFORMED_BY_EVERY_RUN = set()
+
+
+def perform_in_every_run(effect: Effect) -> None:
+    """Have ``effect`` performed by every run of a MultiHandler's body, replays
+    included, instead of answered from the record: for effects whose
+    arguments are objects the run itself makes, such as the futures that
+    code under :func:`kina_fx.aio.run` waits on (a replay makes new ones, and
+    must wait on those).  Such an effect is still forwarded outward by the
+    MultiHandler, each time."""
+    if not isinstance(effect, Effect):
+        raise TypeError(f"perform_in_every_run needs an Effect, not {effect!r}")
+    _PERFORMED_BY_EVERY_RUN.add(effect)
 
 
 class _Run:

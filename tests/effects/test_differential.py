@@ -189,11 +189,11 @@ class Runner:
             if impl == "async":
                 if type(expr) is Resume and type(expr.value) in (Lit, Arg):
                     async def clause(k, arg):           # the plain `return await k.resume(v)`
-                        await asyncio.sleep(0)
+                        await pause()
                         return await k.resume(ev(expr.value, Env(arg=arg)))
                 else:
                     async def clause(k, arg):
-                        await asyncio.sleep(0)
+                        await pause()
                         return ev(expr, Env(arg=arg, k=k))
                 return clause
             if impl == "shallow":
@@ -203,7 +203,7 @@ class Runner:
         def plain(expr, convert=lambda x: x):
             if impl == "async":
                 async def clause(x):
-                    await asyncio.sleep(0)
+                    await pause()
                     return ev(expr, Env(arg=convert(x)))
                 return clause
             return lambda x: ev(expr, Env(arg=convert(x)))
@@ -268,6 +268,14 @@ class Runner:
             return ("fiber", result[0])
         finally:
             lib.kina_fiber_destroy(f)
+
+
+async def pause():
+    """Wait on a real future (as I/O would), one the loop completes at once."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+    loop.call_soon(future.set_result, None)
+    await future
 
 
 _ENTRY = {}
@@ -478,9 +486,25 @@ FOUND = [
 ]
 
 
+# ... and under aio.run.
+FOUND_ASYNC = [
+    # a MultiHandler replayed the answer to an await (a future of the first
+    # run) instead of waiting on the replay's own future: ReplayDiverged
+    Handle("multi", (Spec(on=(("a", Seq((Resume(Arg()), Resume(Arg())))),), fun=(("b", Forward()),)),),
+           Seq((Perform("a", 0),
+                Handle("deep", (Spec(fun=(("a", Forward()), ("b", Forward()))),), Perform("a", 0),
+                       "async")))),
+]
+
+
 @pytest.mark.parametrize("program", FOUND, ids=[f"found{i}" for i in range(len(FOUND))])
 def test_programs_found_before_agree_with_the_reference(program):
     agree(program, Runner())
+
+
+@pytest.mark.parametrize("program", FOUND_ASYNC, ids=[f"found{i}" for i in range(len(FOUND_ASYNC))])
+def test_programs_found_before_agree_with_the_reference_under_aio(program):
+    agree(program, Runner(), asynchronous=True)
 
 
 @pytest.mark.skipif(PURE, reason="this whole run is in pure Python")
