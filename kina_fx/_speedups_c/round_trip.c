@@ -596,14 +596,16 @@ abort_unless_kept(PyObject **k, PyObject *handler, PyObject **result)
 }
 
 /* handlers._drive_py's loop.  Call it through drive_from_here, never
- * directly: the tail check must know it runs.  The chains and sends of tail
- * resumes are dropped as soon as the switch has taken them.  Inlined into its
- * callers, as drive_from_here is. */
+ * directly: the tail check must know it runs.  Steals chain and send: the
+ * first ones are handed over by drive() out of the list it empties (as
+ * _drive_py empties its own) or by kfx_nest_drive, and those of tail resumes
+ * are dropped as soon as the switch has taken them.  (A send may hold an
+ * exception thrown into the body, whose traceback holds the frames it goes
+ * through and what they reference: a clause's continuation would look kept,
+ * and not be aborted.)  Inlined into its callers, as drive_from_here is. */
 static inline __attribute__((always_inline)) PyObject *
 rt_drive(PyObject *chain, PyObject *send)
 {
-    Py_INCREF(chain);
-    Py_INCREF(send);
     for (;;) {
         PyObject *msg = kfx_switch_into_stealing(chain, send);
         kfx_release_chain(chain);
@@ -728,14 +730,18 @@ rt_drive(PyObject *chain, PyObject *send)
 
 /* rt_drive, with the frame of its caller as this fiber's driver frame while
  * it runs (no Python caller: no frame; its clauses' resumes then nest).
- * Inlined: one C frame less on the stack greenlet saves at each switch. */
+ * Steals chain and send, as rt_drive does.  Inlined: one C frame less on the
+ * stack greenlet saves at each switch. */
 static inline __attribute__((always_inline)) PyObject *
 drive_from_here(PyObject *chain, PyObject *send)
 {
     KFiber *fiber = kfx_current;
     PyObject *frame = (PyObject *)PyEval_GetFrame();      /* borrowed */
-    if (frame == NULL && PyErr_Occurred())
+    if (frame == NULL && PyErr_Occurred()) {
+        Py_DECREF(chain);
+        Py_DECREF(send);
         return NULL;
+    }
     if (fiber == NULL)
         return rt_drive(chain, send);
     Py_INCREF(fiber);
@@ -785,37 +791,51 @@ stack_is_deep_fn(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 }
 
 /* A resume not in tail position nests a driver loop here (handlers._resume_from):
- * past _HOP_DEPTH frames on a fresh helper fiber (handlers._drive_on_fresh_stack). */
+ * past _HOP_DEPTH frames on a fresh helper fiber (handlers._drive_on_fresh_stack,
+ * given [chain, send] to empty as the driver loop does).  Steals chain and send. */
 PyObject *
 kfx_nest_drive(PyObject *chain, PyObject *send)
 {
-    PyObject *r;
-    if (stack_is_deep()) {
-        PyObject *call[2] = {chain, send};
-        r = PyObject_Vectorcall(g_drive_fresh, call, 2, NULL);
+    if (!stack_is_deep())
+        return drive_from_here(chain, send);
+    PyObject *step = PyList_New(2);
+    if (step == NULL) {
+        Py_DECREF(chain);
+        Py_DECREF(send);
+        return NULL;
     }
-    else
-        r = drive_from_here(chain, send);
-    kfx_release_chain(chain);
-    Py_DECREF(send);
+    PyList_SET_ITEM(step, 0, chain);
+    PyList_SET_ITEM(step, 1, send);
+    PyObject *r = PyObject_CallOneArg(g_drive_fresh, step);
+    Py_DECREF(step);
     return r;
 }
 
 PyDoc_STRVAR(drive_doc,
-"drive($module, chain, send, /)\n--\n\n"
-"Compiled kina_fx.handlers._drive_py: resume ``chain`` and run the clauses of\n"
-"whichever handlers it stops at; return the handler's result.");
+"drive($module, step, /)\n--\n\n"
+"Compiled kina_fx.handlers._drive_py: resume the chain of ``step``, a list\n"
+"[chain, send] that it empties, and run the clauses of whichever handlers it\n"
+"stops at; return the handler's result.");
 
 static PyObject *
-drive(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+drive(PyObject *Py_UNUSED(module), PyObject *step)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "drive(chain, send) takes 2 arguments");
+    if (!PyList_CheckExact(step) || PyList_GET_SIZE(step) != 2) {
+        PyErr_SetString(PyExc_TypeError, "drive() takes a list [chain, send]");
         return NULL;
     }
     if (!KFX_READY())
         return NULL;
-    return drive_from_here(args[0], args[1]);
+    /* taken out of the list, which is left empty: no reference stays with
+     * the caller (see rt_drive) */
+    PyObject *chain = Py_NewRef(PyList_GET_ITEM(step, 0));
+    PyObject *send = Py_NewRef(PyList_GET_ITEM(step, 1));
+    if (PyList_SetSlice(step, 0, 2, NULL) < 0) {
+        Py_DECREF(chain);
+        Py_DECREF(send);
+        return NULL;
+    }
+    return drive_from_here(chain, send);
 }
 
 /* Continuation.__del__ as ContinuationData's tp_finalize (the reference is
@@ -844,7 +864,7 @@ kfx_continuation_finalize(PyObject *self)
 
 PyMethodDef kfx_round_trip_methods[] = {
     {"switch_into", (PyCFunction)(void (*)(void))switch_into, METH_FASTCALL, switch_into_doc},
-    {"drive", (PyCFunction)(void (*)(void))drive, METH_FASTCALL, drive_doc},
+    {"drive", drive, METH_O, drive_doc},
     {"stack_is_deep", stack_is_deep_fn, METH_NOARGS, stack_is_deep_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -432,3 +432,28 @@ def test_await_only_runs_the_awaitable_where_it_is_awaited():
     h = [Handler(fun={Log: logged.append}), aio.handler(on={Ask: ask})]
     assert run(aio.run(body, handlers=h)) == 8
     assert logged == [("noted", 7), ("after", 7), ("noted", 8)]
+
+
+def test_multi_handler_replays_wait_on_their_own_futures():
+    # A replay re-runs the body, awaits included: its coroutines make new
+    # futures, which it must wait on (the first run's answers do not fit them).
+    # Found by the differential tests: ReplayDiverged ("await wasn't used with
+    # future" in the replay).
+    from kina_fx.multishot import MultiHandler
+
+    Choose = Effect("test.aio.choose")
+    awaited = []
+
+    async def slow(x):
+        await asyncio.sleep(0.001)
+        awaited.append(x)
+        return x * 10
+
+    def body():
+        before = aio.await_only(slow(1))
+        choice = perform(Choose, (1, 2))
+        return before + aio.await_only(slow(choice))
+
+    h = MultiHandler(on={Choose: lambda k, xs: [k.resume(x) for x in xs]})
+    assert run(aio.run(body, handlers=[h])) == [20, 30]
+    assert awaited == [1, 1, 1, 2]          # the first run, then the replay for the second shot
