@@ -251,7 +251,7 @@ class Handler(data_type("HandlerData", ("on", "fun", "ret", "exc"))):
     def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` under this handler (deep; OCaml ``match_with``)."""
         try:
-            if not self.on and not _stack_is_deep():
+            if not self.on and not stack_is_deep():
                 return self._run_in_place(fn, args)
             chain = Chain(*(2 * (fibers.new_fiber(fn, args, self),)))
             return _drive([chain, (False, None)])
@@ -848,7 +848,7 @@ def _resume_from(caller, k, send):
     # while the resumed code runs).
     step = [chain, send]
     del chain, send
-    if _stack_is_deep():
+    if stack_is_deep():
         return _drive_on_fresh_stack(step)
     return _drive(step)
 
@@ -871,13 +871,15 @@ def _stack_is_deep_py() -> bool:
 
 # The compiled check counts the C driver loops running on this fiber too, one
 # frame each, as this one counts _drive_py's frames.
-_stack_is_deep = _stack_is_deep_py if _speedups is None else _speedups.stack_is_deep
+stack_is_deep = _stack_is_deep_py if _speedups is None else _speedups.stack_is_deep
 
 
-def _drive_on_fresh_stack(step):
-    # ``step`` ([chain, send]) goes on to the driver, which empties it.
-    helper = fibers.new_fiber(_drive, (step,))
-    del step
+def on_fresh_stack(fn, *args):
+    """``fn(*args)`` on a fresh helper fiber, with a shallow Python stack of
+    its own: returns its result, or raises its exception.  Where a nested
+    run goes once stack_is_deep(): here, and kina_fx.multishot's replays."""
+    helper = fibers.new_fiber(fn, args)
+    del args
     kind, _, payload = _switch_into(Chain(helper, helper), (False, None))
     if kind is RAISED:
         try:
@@ -885,6 +887,11 @@ def _drive_on_fresh_stack(step):
         finally:
             payload = None                  # no cycle through this frame (see _suspend_perform)
     return payload
+
+
+def _drive_on_fresh_stack(step):
+    # ``step`` ([chain, send]) goes on to the driver, which empties it.
+    return on_fresh_stack(_drive, step)
 
 
 # Tail-resume detection lives in kina_fx/tailcalls.py; the driver loop is the

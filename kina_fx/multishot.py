@@ -48,19 +48,13 @@ nothing here touches their speed.
 from __future__ import annotations
 
 import copy
-import sys
 
 from . import fibers
 from .errors import ValidationError
-from .fibers import RAISED, Chain
-from .handlers import FORWARD, Effect, Handler, perform
+from .handlers import FORWARD, Effect, Handler, on_fresh_stack, perform, stack_is_deep
 
 __all__ = ["MultiHandler", "MultiContinuation", "ReplayDiverged", "under_multihandler",
            "perform_in_every_run"]
-
-# Past this many Python frames a replay starts on a fresh fiber, so that deep
-# searches (a shot inside a shot inside a shot...) cost heap, not RecursionError.
-_HOP_DEPTH = 300
 
 
 class ReplayDiverged(ValidationError):
@@ -248,8 +242,11 @@ class _Run:
     def start(self):
         handler = Handler(ret=self.returned, exc=self.raised)
         handler.on = _Table(self)
-        if _stack_is_deep():
-            return _on_fresh_stack(handler.run, self.body)
+        # Past handlers' hop depth a replay starts on a fresh fiber, so that
+        # deep searches (a shot inside a shot inside a shot...) cost heap,
+        # not RecursionError.
+        if stack_is_deep():
+            return on_fresh_stack(handler.run, self.body)
         return handler.run(self.body)
 
     def body(self):
@@ -414,25 +411,6 @@ def _fingerprint(value, depth=0):
 def _show(args):
     text = repr(args if len(args) != 1 else args[0])
     return f"({text[:60] + '...' if len(text) > 60 else text})"
-
-
-def _stack_is_deep() -> bool:
-    try:
-        sys._getframe(_HOP_DEPTH)
-    except ValueError:
-        return False
-    return True
-
-
-def _on_fresh_stack(fn, *args):
-    helper = fibers.new_fiber(fn, args)
-    kind, _, payload = fibers.switch_into(Chain(helper, helper), (False, None))
-    if kind is RAISED:
-        try:
-            raise payload
-        finally:
-            payload = None          # no cycle through this frame (see handlers._suspend_perform)
-    return payload
 
 
 def under_multihandler() -> bool:

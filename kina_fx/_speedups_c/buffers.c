@@ -15,25 +15,16 @@
 /* Large comparisons release the GIL: other threads (the kernels' pool) go on. */
 #define KFX_RELEASE_GIL_BYTES (1 << 16)
 
-PyDoc_STRVAR(same_bytes_doc,
-"same_bytes(a, b)\n--\n\n"
-"Whether two C-contiguous buffers hold the same bytes (memcmp).  NotImplemented\n"
-"when either is not a C-contiguous buffer (a strided view, a device array):\n"
-"the caller compares them another way.  The caller checks shape and type.");
-
+/* same_bytes(a, b) */
 static PyObject *
-same_bytes(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+compare_bytes(PyObject *first, PyObject *second)
 {
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "same_bytes takes 2 arguments, got %zd", nargs);
-        return NULL;
-    }
     Py_buffer a, b;
-    if (PyObject_GetBuffer(args[0], &a, PyBUF_C_CONTIGUOUS) < 0) {
+    if (PyObject_GetBuffer(first, &a, PyBUF_C_CONTIGUOUS) < 0) {
         PyErr_Clear();
         Py_RETURN_NOTIMPLEMENTED;
     }
-    if (PyObject_GetBuffer(args[1], &b, PyBUF_C_CONTIGUOUS) < 0) {
+    if (PyObject_GetBuffer(second, &b, PyBUF_C_CONTIGUOUS) < 0) {
         PyErr_Clear();
         PyBuffer_Release(&a);
         Py_RETURN_NOTIMPLEMENTED;
@@ -54,6 +45,14 @@ same_bytes(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     PyBuffer_Release(&b);
     return PyBool_FromLong(same);
 }
+
+PyDoc_STRVAR(same_bytes_doc,
+"same_bytes(a, b)\n--\n\n"
+"Whether two C-contiguous buffers hold the same bytes (memcmp).  NotImplemented\n"
+"when either is not a C-contiguous buffer (a strided view, a device array):\n"
+"the caller compares them another way.  The caller checks shape and type.");
+
+KFX_FASTCALL2(same_bytes, compare_bytes)
 
 PyMethodDef kfx_buffers_methods[] = {
     {"same_bytes", (PyCFunction)(void (*)(void))same_bytes, METH_FASTCALL, same_bytes_doc},

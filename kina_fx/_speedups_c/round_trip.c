@@ -261,14 +261,8 @@ rt_answer(PyObject *send)
     kfx_release_tuple(send);
     if (raise == 0)
         return v;
-    if (raise > 0) {
-        if (PyExceptionInstance_Check(v))
-            PyErr_SetObject((PyObject *)Py_TYPE(v), v);
-        else if (PyExceptionClass_Check(v))
-            PyErr_SetNone(v);
-        else
-            PyErr_SetString(PyExc_TypeError, "exceptions must derive from BaseException");
-    }
+    if (raise > 0)
+        kfx_raise(v);
     Py_DECREF(v);
     return NULL;
 }
@@ -427,15 +421,7 @@ PyDoc_STRVAR(switch_into_doc,
 "Compiled kina_fx.fibers.switch_into: resume ``chain`` from the running fiber;\n"
 "return the message sent back.");
 
-static PyObject *
-switch_into(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "switch_into(chain, send) takes 2 arguments");
-        return NULL;
-    }
-    return rt_switch_into(args[0], args[1]);
-}
+KFX_FASTCALL2(switch_into, rt_switch_into)
 
 /* Continuation.resume(self, value=None), then handlers._resume_from. */
 static PyObject *
@@ -663,32 +649,19 @@ rt_drive(PyObject *chain, PyObject *send)
             Py_DECREF(args);
             Py_XDECREF(k);
         }
-        else if (kind == g_returned) {
+        else if (kind == g_returned || kind == g_raised) {
+            /* the return clause (none: the value), or the exception clause
+             * (none, or not an Exception: raised on) */
+            int raised = kind == g_raised;
             Py_DECREF(msg);
-            PyObject *ret = PyObject_GetAttr(handler, s_ret);
+            PyObject *clause = PyObject_GetAttr(handler, raised ? s_exc : s_ret);
             Py_DECREF(handler);
-            if (ret == Py_None)
-                result = Py_NewRef(payload);
-            else if (ret != NULL)
-                result = PyObject_CallOneArg(ret, payload);
-            Py_XDECREF(ret);
-            Py_DECREF(payload);
-        }
-        else if (kind == g_raised) {
-            Py_DECREF(msg);
-            PyObject *exc = PyObject_GetAttr(handler, s_exc);
-            Py_DECREF(handler);
-            if (exc != NULL) {
-                if (exc == Py_None || !PyObject_TypeCheck(payload, (PyTypeObject *)PyExc_Exception)) {
-                    if (PyExceptionInstance_Check(payload))
-                        PyErr_SetObject((PyObject *)Py_TYPE(payload), payload);
-                    else
-                        PyErr_SetString(PyExc_TypeError, "exceptions must derive from BaseException");
-                }
-                else
-                    result = PyObject_CallOneArg(exc, payload);
-                Py_DECREF(exc);
-            }
+            if (clause == Py_None ||
+                    (raised && clause != NULL && !PyObject_TypeCheck(payload, (PyTypeObject *)PyExc_Exception)))
+                result = raised ? kfx_raise(payload) : Py_NewRef(payload);
+            else if (clause != NULL)
+                result = PyObject_CallOneArg(clause, payload);
+            Py_XDECREF(clause);
             Py_DECREF(payload);
         }
         else {
@@ -798,14 +771,9 @@ kfx_nest_drive(PyObject *chain, PyObject *send)
 {
     if (!stack_is_deep())
         return drive_from_here(chain, send);
-    PyObject *step = PyList_New(2);
-    if (step == NULL) {
-        Py_DECREF(chain);
-        Py_DECREF(send);
+    PyObject *step = kfx_list2(chain, send);
+    if (step == NULL)
         return NULL;
-    }
-    PyList_SET_ITEM(step, 0, chain);
-    PyList_SET_ITEM(step, 1, send);
     PyObject *r = PyObject_CallOneArg(g_drive_fresh, step);
     Py_DECREF(step);
     return r;
@@ -826,15 +794,12 @@ drive(PyObject *Py_UNUSED(module), PyObject *step)
     }
     if (!KFX_READY())
         return NULL;
-    /* taken out of the list, which is left empty: no reference stays with
-     * the caller (see rt_drive) */
-    PyObject *chain = Py_NewRef(PyList_GET_ITEM(step, 0));
-    PyObject *send = Py_NewRef(PyList_GET_ITEM(step, 1));
-    if (PyList_SetSlice(step, 0, 2, NULL) < 0) {
-        Py_DECREF(chain);
-        Py_DECREF(send);
-        return NULL;
-    }
+    /* The list's references taken over and the list left empty, without a
+     * call (its two slots stay allocated until it goes, as a list may have
+     * more room than items): no reference stays with the caller (see
+     * rt_drive). */
+    PyObject *chain = PyList_GET_ITEM(step, 0), *send = PyList_GET_ITEM(step, 1);
+    Py_SET_SIZE(step, 0);
     return drive_from_here(chain, send);
 }
 
