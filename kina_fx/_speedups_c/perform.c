@@ -325,19 +325,6 @@ push_marker(PyObject *st, PyObject *skip)
     return r;
 }
 
-/* A new ``_Skip(f, i)`` pushed on ``st.current.stack`` (push_marker): the
- * marker a clause run in place of its handler needs.  Returns our reference
- * (kept until pop_marker has removed it: a clause may take it off the stack
- * itself, and the identity must stay valid), or NULL with an exception. */
-PyObject *
-push_skip(PyObject *st, PyObject *f, Py_ssize_t i)
-{
-    PyObject *skip = new_skip(f, i);
-    if (skip != NULL && push_marker(st, skip) < 0)
-        Py_CLEAR(skip);
-    return skip;
-}
-
 /* Remove ``marker`` from ``st.current.stack`` (handlers._remove_marker): it is
  * normally on top; a clause may have left a handler pushed above it.  Returns
  * the removed entry (new reference), None if it is gone, or NULL on error. */

@@ -380,7 +380,19 @@ PyObject *thread_state(void);
 int top_index(PyObject *f, Py_ssize_t *i);
 PyObject *new_skip(PyObject *f, Py_ssize_t i);
 int push_marker(PyObject *st, PyObject *skip);
-PyObject *push_skip(PyObject *st, PyObject *f, Py_ssize_t i);
+/* A new ``_Skip(f, i)`` pushed on ``st.current.stack`` (push_marker): the
+ * marker a clause run in place of its handler needs.  Returns our reference
+ * (kept until pop_marker has removed it: a clause may take it off the stack
+ * itself, and the identity must stay valid), or NULL with an exception.
+ * Inline: the ``fun`` perform's hot path. */
+static inline PyObject *
+push_skip(PyObject *st, PyObject *f, Py_ssize_t i)
+{
+    PyObject *skip = new_skip(f, i);
+    if (skip != NULL && push_marker(st, skip) < 0)
+        Py_CLEAR(skip);
+    return skip;
+}
 PyObject *pop_marker(PyObject *st, PyObject *marker);
 void release_entry(PyObject *item);
 PyObject *args_tuple(PyObject *const *args, Py_ssize_t n);
