@@ -417,54 +417,57 @@ class MPIGroup(Group):
         return self._nccl
 
     def _all_reduce(self, x, op):
-        self._agree("all_reduce", op, None, x)
+        return self._collective("all_reduce", x, self._mpi_all_reduce, op=op)
+
+    def _broadcast(self, x, root):
+        return self._collective("broadcast", x, self._mpi_broadcast, root=root)
+
+    def _all_gather(self, x):
+        return self._collective("all_gather", x, self._mpi_all_gather)
+
+    def _reduce_scatter(self, x, op):
+        return self._collective("reduce_scatter", x, self._mpi_reduce_scatter, op=op)
+
+    def _collective(self, kind, x, mpi, op=None, root=None):
+        """The collective ``kind`` of ``x`` once every process agreed to it
+        (``check``): NCCL's method of that name where it serves ``x``, else
+        ``mpi(send, op, root)`` on ``x`` as MPI reads it (:meth:`_wire`)."""
+        self._agree(kind, op, root, x)
         nccl = self._nccl_for(x)
         if nccl is not None:
-            return nccl.all_reduce(x, op)
+            return getattr(nccl, kind)(x, *(a for a in (op, root) if a is not None))
         send, back = self._wire(x)
+        return back(mpi(send, op, root))
+
+    def _mpi_all_reduce(self, send, op, root):
         recv = _empty_like(send)
         mpi_op = self._ops[op]
         self._run(lambda: self.comm.Iallreduce(_buf(send), _buf(recv), mpi_op), "all_reduce",
                   (send, recv), lambda: self.comm.Allreduce(_buf(send), _buf(recv), mpi_op))
         if op == "mean":
             recv /= self.size
-        return back(recv)
+        return recv
 
-    def _broadcast(self, x, root):
-        self._agree("broadcast", None, root, x)
-        nccl = self._nccl_for(x)
-        if nccl is not None:
-            return nccl.broadcast(x, root)
-        send, back = self._wire(x)
+    def _mpi_broadcast(self, send, op, root):
         buf = _copy(send)
         self._run(lambda: self.comm.Ibcast(_buf(buf), root), "broadcast", (buf,),
                   lambda: self.comm.Bcast(_buf(buf), root))
-        return back(buf)
+        return buf
 
-    def _all_gather(self, x):
-        self._agree("all_gather", None, None, x)
-        nccl = self._nccl_for(x)
-        if nccl is not None:
-            return nccl.all_gather(x)
-        send, back = self._wire(x)
+    def _mpi_all_gather(self, send, op, root):
         recv = _empty_like(send, (self.size,) + tuple(send.shape))
         self._run(lambda: self.comm.Iallgather(_buf(send), _buf(recv)), "all_gather", (send, recv),
                   lambda: self.comm.Allgather(_buf(send), _buf(recv)))
-        return back(recv)
+        return recv
 
-    def _reduce_scatter(self, x, op):
-        self._agree("reduce_scatter", op, None, x)
-        nccl = self._nccl_for(x)
-        if nccl is not None:
-            return nccl.reduce_scatter(x, op)
-        send, back = self._wire(x)
+    def _mpi_reduce_scatter(self, send, op, root):
         recv = _empty_like(send, tuple(send.shape[1:]))
         self._run(lambda: self.comm.Ireduce_scatter_block(_buf(send), _buf(recv), self._MPI.SUM),
                   "reduce_scatter", (send, recv),
                   lambda: self.comm.Reduce_scatter_block(_buf(send), _buf(recv), self._MPI.SUM))
         if op == "mean":
             recv /= self.size
-        return back(recv)
+        return recv
 
     def _barrier(self):
         self._agree("barrier")

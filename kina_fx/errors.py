@@ -32,6 +32,11 @@ class KinaError(Exception):
     status: Status = Status.INTERNAL
 
 
+# One class per status, each written out (not made by a function) so that
+# tracebacks, the docs and type checkers name it: the classes below, through
+# CommunicationError, repeat one shape by design (a deliberate repetition).
+
+
 class ValidationError(KinaError, ValueError):
     """Bad input: null pointer, wrong rank or shape, bad axis, stale handle."""
 

@@ -180,16 +180,12 @@ def matmul_shape(a_shape, b_shape) -> tuple:
     b2 = b_shape + (1,) if len(b_shape) == 1 else b_shape
     if a2[-1] != b2[-2]:
         raise ValidationError(f"matmul: inner dimensions differ: {a_shape} @ {b_shape}")
-    batch_a, batch_b = a2[:-2], b2[:-2]
-    n = max(len(batch_a), len(batch_b))
-    batch_a = (1,) * (n - len(batch_a)) + batch_a
-    batch_b = (1,) * (n - len(batch_b)) + batch_b
-    batch = []
-    for x, y in zip(batch_a, batch_b):
-        if x != y and x != 1 and y != 1:
-            raise ValidationError(f"matmul: batch dimensions do not broadcast: {a_shape} @ {b_shape}")
-        batch.append(y if x == 1 else x)
-    shape = tuple(batch) + (a2[-2], b2[-1])
+    try:
+        batch = broadcast_shape(a2[:-2], b2[:-2], "matmul")
+    except ValidationError:
+        raise ValidationError(f"matmul: batch dimensions do not broadcast: {a_shape} @ {b_shape}"
+                              ) from None
+    shape = batch + (a2[-2], b2[-1])
     if len(a_shape) == 1:
         shape = shape[:-2] + shape[-1:]
     if len(b_shape) == 1:
@@ -296,6 +292,21 @@ def _data_address(a):
     return a.__array_interface__["data"][0] if isinstance(a, np.ndarray) else a.data.ptr
 
 
+def _along_axis_operands(x, axis, out, name):
+    """``(xp, x, axis, out)`` for a kernel along ``axis`` whose result has
+    ``x``'s shape: the axis normalised, ``out`` checked (or made), and ``x``
+    copied where ``out`` overlaps it otherwise than as the same view
+    (:func:`_input_apart`)."""
+    xp = array_module(x)
+    axis = normalize_axis(axis, x.ndim)
+    _check_out(out, x.shape, name)
+    if out is None:
+        out = xp.empty_like(x)
+    elif x.size:
+        x = _input_apart(out, x, xp)
+    return xp, x, axis, out
+
+
 def softmax(x, axis=-1, out=None):
     """Numerically stable softmax along ``axis``; ``out`` may alias ``x``.
 
@@ -303,13 +314,7 @@ def softmax(x, axis=-1, out=None):
     block stays in cache between the passes), blocks spread over the
     process's cores (:mod:`kina_fx.kernel_threads`).
     """
-    xp = array_module(x)
-    axis = normalize_axis(axis, x.ndim)
-    _check_out(out, x.shape, "softmax")
-    if out is None:
-        out = xp.empty_like(x)
-    elif x.size:
-        x = _input_apart(out, x, xp)
+    xp, x, axis, out = _along_axis_operands(x, axis, out, "softmax")
     if x.shape[axis] == 0 or x.size == 0:
         return out
 
@@ -486,8 +491,11 @@ def broadcast_shape(a_shape, b_shape, op: str = "broadcast") -> tuple:
     return tuple(shape)
 
 
-def _binary(fn):
-    name = fn.__name__
+def _binary(name, ufunc, doc):
+    """The kernel ``name(a, b, out=None)``: the array module's ``ufunc``
+    (broadcasting), in row blocks on threads for large NumPy arrays."""
+    def fn(xp, a, b, out):
+        return getattr(xp, ufunc)(a, b, out=out)
 
     def kernel(a, b, out=None):
         if out is not None:
@@ -497,8 +505,8 @@ def _binary(fn):
                 and max(a.size, b.size) >= kernel_threads.PARALLEL_MIN_ELEMENTS):
             return _binary_blocks(fn, a, b, out)
         return fn(array_module(a, b), a, b, out)
-    kernel.__name__ = name
-    kernel.__doc__ = fn.__doc__
+    kernel.__name__ = kernel.__qualname__ = name
+    kernel.__doc__ = doc
     return kernel
 
 
@@ -530,34 +538,11 @@ def _binary_blocks(fn, a, b, out):
     return out
 
 
-@_binary
-def add(xp, a, b, out):
-    """``a + b`` with NumPy broadcasting."""
-    return xp.add(a, b, out=out)
-
-
-@_binary
-def sub(xp, a, b, out):
-    """``a - b`` with NumPy broadcasting."""
-    return xp.subtract(a, b, out=out)
-
-
-@_binary
-def mul(xp, a, b, out):
-    """``a * b`` with NumPy broadcasting."""
-    return xp.multiply(a, b, out=out)
-
-
-@_binary
-def div(xp, a, b, out):
-    """``a / b`` with NumPy broadcasting (IEEE results for division by zero)."""
-    return xp.divide(a, b, out=out)
-
-
-@_binary
-def power(xp, a, b, out):
-    """``a ** b`` with NumPy broadcasting."""
-    return xp.power(a, b, out=out)
+add = _binary("add", "add", "``a + b`` with NumPy broadcasting.")
+sub = _binary("sub", "subtract", "``a - b`` with NumPy broadcasting.")
+mul = _binary("mul", "multiply", "``a * b`` with NumPy broadcasting.")
+div = _binary("div", "divide", "``a / b`` with NumPy broadcasting (IEEE results for division by zero).")
+power = _binary("power", "power", "``a ** b`` with NumPy broadcasting.")
 
 
 def reduced_shape(shape, axis, keepdims: bool) -> tuple:
@@ -660,13 +645,7 @@ def log_softmax(x, axis=-1, out=None):
     Block by block as :func:`softmax`, the exponentials in a block-sized
     scratch buffer: ``x`` is read twice and ``out`` written once.
     """
-    xp = array_module(x)
-    axis = normalize_axis(axis, x.ndim)
-    _check_out(out, x.shape, "log_softmax")
-    if out is None:
-        out = xp.empty_like(x)
-    elif x.size:
-        x = _input_apart(out, x, xp)
+    xp, x, axis, out = _along_axis_operands(x, axis, out, "log_softmax")
     if x.size == 0:
         return out
 

@@ -11,8 +11,7 @@ One function per conversion:
 * :func:`read_descriptor` -- unranked pointer -> validated :class:`Descriptor`
 * :func:`numpy_view`      -- Descriptor -> NumPy array over the same memory
 * :func:`cupy_view`       -- Descriptor -> CuPy array over the same device memory
-* :func:`host_staged`     -- Descriptor -> CuPy copy of host memory + write-back
-  (:func:`stage`: the same from a NumPy view, for callers that validate first)
+* :func:`stage`           -- NumPy view of host memory -> CuPy copy + write-back
 * :func:`write_allocation`-- fill a descriptor in place for a new buffer
 * :func:`from_numpy`      -- NumPy array -> unranked memref (for Python callers/tests)
 
@@ -217,7 +216,7 @@ def cupy_view(d: Descriptor, dtype: Any, cp: Any, name: str = "memref") -> Any:
     """A CuPy array over the descriptor's device or managed memory (no copy).
 
     Returns None when the memory is plain host memory that the device cannot
-    address; :func:`host_staged` handles that case.
+    address; :func:`stage` handles that case.
     """
     dtype = np.dtype(dtype)
     ext = _extent(d, dtype.itemsize, name)
@@ -232,19 +231,14 @@ def cupy_view(d: Descriptor, dtype: Any, cp: Any, name: str = "memref") -> Any:
     return cp.ndarray(d.sizes, dtype, ptr, strides)
 
 
-def host_staged(d: Descriptor, dtype: Any, cp: Any,
-                name: str = "memref") -> Tuple[Any, Callable[[], None]]:
-    """A device copy of host memory and a function that writes it back.
+def stage(host: Any, cp: Any) -> Tuple[Any, Callable[[], None]]:
+    """A device copy of ``host`` (a NumPy view of host memory, :func:`numpy_view`)
+    and a function that writes it back.
 
     Used on the CUDA backend for operands the device cannot address (a host's
     stack or malloc memory): inputs are copied in, outputs copied back after
     the op by calling the returned function.
     """
-    return stage(numpy_view(d, dtype, name), cp)
-
-
-def stage(host: Any, cp: Any) -> Tuple[Any, Callable[[], None]]:
-    """:func:`host_staged` of a NumPy view of host memory (:func:`numpy_view`)."""
     if type(host) is ZeroSize:
         return host, lambda: None
     dev = cp.asarray(host)
@@ -256,7 +250,7 @@ def stage(host: Any, cp: Any) -> Tuple[Any, Callable[[], None]]:
     return dev, write_back
 
 
-#: Device copies made by host_staged -> the identity of the host memory they
+#: Device copies made by stage -> the identity of the host memory they
 #: stand for (released by release_staged when the call is over).
 _staged: dict = {}
 
@@ -271,7 +265,7 @@ def identity(array) -> tuple:
     """What memory an array views: (address of its first element, shape, strides
     in elements, dtype string; a length-1 dimension's stride counts as 0, an
     empty array has address 0).  A device copy of host memory made by
-    :func:`host_staged` has the identity of that host memory.  Tapes identify
+    :func:`stage` has the identity of that host memory.  Tapes identify
     tensors by this (docs/autograd-abi.md)."""
     key = id(array)
     hit = _view_identities.get(key)
@@ -394,15 +388,13 @@ class ViewCache:
     writing through them would be undefined.
     """
 
-    __slots__ = ("dtype", "output", "views", "_bounds")
+    __slots__ = ("dtype", "output", "views")
 
     def __init__(self, dtype: Any, output: bool = False) -> None:
         self.dtype = np.dtype(dtype)
         self.output = output
         self.views: dict = {}
-        self._bounds: dict = {}     # descriptor bytes -> (view, lo, hi)
         _caches.append(self.views)
-        _caches.append(self._bounds)
 
     def view(self, ptr: Any, name: str = "memref") -> np.ndarray:
         if not ptr:
@@ -419,39 +411,17 @@ class ViewCache:
             view = self._miss(rank, raw, name)
         return view
 
-    def view_and_bounds(self, ptr, name: str = "memref"):
-        """``(view, lo, hi)``: :meth:`view`, and the byte addresses ``[lo, hi)``
-        its elements lie in (``lo == hi``: it has none).  The same checks as
-        :meth:`view`, repeated rather than shared: both are the hot path."""
-        if not ptr:
-            raise ValidationError(f"{name}: null memref pointer")
-        rank = ptr.rank
-        if not 0 <= rank <= MAX_RANK:
-            raise ValidationError(f"{name}: rank {rank} out of range [0, {MAX_RANK}]")
-        desc = ptr.descriptor
-        if not desc:
-            raise ValidationError(f"{name}: null descriptor pointer")
-        raw = _buffer(desc, DESCRIPTOR_BYTES[rank])[:]
-        entry = self._bounds.get(raw)
-        if entry is None:
-            self._miss(rank, raw, name)
-            entry = self._bounds[raw]
-        return entry
-
     def _miss(self, rank, raw, name):
         d = _decode(rank, raw, name)
         if self.output:
             check_output_layout(d, name)
         view = numpy_view(d, self.dtype, name)
-        ext = _extent(d, self.dtype.itemsize, name)
         if len(self.views) >= _CACHE_LIMIT:
             self.views.clear()
-            self._bounds.clear()
         if len(_view_identities) >= _CACHE_LIMIT * 8:
             _view_identities.clear()
         _view_identities[id(view)] = (view, _descriptor_identity(d, self.dtype))
         self.views[raw] = view
-        self._bounds[raw] = (view, 0, 0) if ext is None else (view, ext[0], ext[0] + ext[1])
         return view
 
 

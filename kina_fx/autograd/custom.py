@@ -18,7 +18,7 @@ from ..errors import KinaTypeError, ValidationError
 from ..handlers import Effect, perform
 from .primitives import PRIMITIVES, op
 from .tape import Tape, own, register_clauses
-from .tensor import Tensor, _box, _lift, _plain, _raw, _shape, array_module
+from .tensor import Tensor, _lift, _plain, _raw, _shape, array_module
 
 __all__ = ["primitive", "defvjp", "defjvp", "custom_vjp", "custom_jvp"]
 
@@ -36,22 +36,21 @@ class _Rules:
         self.vjps = {}
         self.jvps = {}
 
-    def vjp(self, i, out, args, kwargs, g):
+    def _rule(self, rules, kind, i):
         try:
-            maker = self.vjps[i]
+            return rules[i]
         except KeyError:
-            raise KinaTypeError(f"primitive {self.name}: no VJP for argument {i} "
-                                "(give one with defvjp)") from None
+            raise KinaTypeError(f"primitive {self.name}: no {kind} for argument {i} "
+                                f"(give one with def{kind.lower()})") from None
+
+    def vjp(self, i, out, args, kwargs, g):
+        maker = self._rule(self.vjps, "VJP", i)
         if maker is None:           # declared without derivative: zero cotangent
             return _zeros_for(args[i])
         return maker(out, *args, **kwargs)(g)
 
     def jvp(self, i, t, out, args, kwargs):
-        try:
-            fn = self.jvps[i]
-        except KeyError:
-            raise KinaTypeError(f"primitive {self.name}: no JVP for argument {i} "
-                                "(give one with defjvp)") from None
+        fn = self._rule(self.jvps, "JVP", i)
         if fn is None:
             return None
         return fn(t, out, *args, **kwargs)
@@ -254,6 +253,13 @@ def _owned(tape, fn, args):
 
 # custom_vjp under a tape: f_fwd on the values one level out, f_bwd backwards.
 
+def _per_argument(fn, nargs, cts):
+    """The cotangents ``cts`` of the differentiable arguments of ``fn`` as
+    one per argument (None for those in ``fn.nondiff``)."""
+    it = iter(cts)
+    return [None if i in fn.nondiff else next(it) for i in range(nargs)]
+
+
 def _vjp_rule(fn, residuals):
     def rule(o, g, out, args, params, ids):
         static, _ = _split(fn, args)
@@ -266,16 +272,10 @@ def _vjp_rule(fn, residuals):
         if len(cts) != ndiff:
             raise ValidationError(f"custom_vjp {fn.name}: bwd returned {len(cts)} "
                                   f"cotangents for {ndiff} differentiable arguments")
-        it = iter(cts)
-        full = []
-        for i, a in enumerate(args):
-            if i in fn.nondiff:
-                full.append(None)
-                continue
-            ct = next(it)
+        full = _per_argument(fn, len(args), cts)
+        for i, (a, ct) in enumerate(zip(args, full)):
             if ids[i] >= 0 and ct is not None:
                 _check_shape(f"custom_vjp {fn.name}: the cotangent of argument {i}", ct, a)
-            full.append(ct)
         return full
     return rule
 
@@ -292,11 +292,8 @@ def _custom_vjp_tape_clause(rec):
                                 "residuals)")
         out, residuals = res
         out = _lift(out) if out.__class__ is Tensor else out
-        i = tape._n
-        tape._n = i + 1
-        tape._nodes.append((_vjp_rule(fn, residuals), i, tuple(ids), inner, (), out,
-                            _Node(f"custom_vjp {fn.name}")))
-        return _box(out, tape, i)
+        return tape._record(_vjp_rule(fn, residuals), tuple(ids), inner, (), out,
+                            _Node(f"custom_vjp {fn.name}"))
     return clause
 
 
@@ -365,16 +362,8 @@ def _transposed_jvp_rule(fn):
             _, tout = fn.jvp(*static, primals, tuple(boxes))
         watched = [b for b in boxes if b.__class__ is Tensor and b._trace is t]
         cts = iter(t.gradient(tout, watched, g) if watched else [])
-        full = []
-        k = 0
-        for i in range(len(args)):
-            if i in fn.nondiff:
-                full.append(None)
-                continue
-            b = boxes[k]
-            k += 1
-            full.append(next(cts) if b.__class__ is Tensor and b._trace is t else None)
-        return full
+        return _per_argument(fn, len(args), [
+            next(cts) if b.__class__ is Tensor and b._trace is t else None for b in boxes])
     return rule
 
 
@@ -385,11 +374,8 @@ def _custom_jvp_tape_clause(rec):
         out = perform(CUSTOM_JVP_CALL, fn, inner)
         if max(ids, default=-1) < 0:
             return out
-        i = tape._n
-        tape._n = i + 1
-        tape._nodes.append((_transposed_jvp_rule(fn), i, tuple(ids), inner, (), out,
-                            _Node(f"custom_jvp {fn.name}")))
-        return _box(out, tape, i)
+        return tape._record(_transposed_jvp_rule(fn), tuple(ids), inner, (), out,
+                            _Node(f"custom_jvp {fn.name}"))
     return clause
 
 

@@ -14,8 +14,8 @@ from ..errors import KinaTypeError
 from ..handlers import Handler
 from ..handlers import perform
 from .primitives import PRIMITIVES
-from .tape import (BACKWARD_OBSERVED, COMPLEX_REFUSAL, _give_back, _Pool, _Recorder,
-                   _take_handler, _tags, _yes, extra_clauses, is_complex)
+from .tape import (BACKWARD_OBSERVED, COMPLEX_REFUSAL, _Pool, _Recorder, _tags, _yes,
+                   extra_clauses, is_complex)
 from .tensor import Tensor, _box, _lift, recordable
 
 __all__ = ["JVPTrace"]
@@ -33,29 +33,16 @@ class JVPTrace:
         return f"<JVPTrace {self.tag}{' live' if self._live else ''}>"
 
     def __enter__(self):
-        self._handler = _take_handler(_jvp_pool, _new_jvp_handler)
-        handler, rec = self._handler
-        rec.tape = self
-        handler.__enter__()
-        self._live = True
-        return self
+        return _jvp_pool.enter(self)
 
     def __exit__(self, *exc: Any) -> None:
-        self._live = False
-        handler, rec = self._handler
-        self._handler = None
-        handler.__exit__(*exc)
-        rec.tape = None
-        _give_back(_jvp_pool, handler, rec)
+        _jvp_pool.exit(self, exc)
 
     def dual(self, primal, tangent):
         """A box of this trace: ``primal`` (one level out) with ``tangent``."""
         t = _box(primal, self, -1)
         t._tangent = tangent
         return t
-
-
-_jvp_pool = _Pool()
 
 
 def _new_jvp_handler():
@@ -65,6 +52,9 @@ def _new_jvp_handler():
         fun[eff] = make_jvp(rec)
     fun[BACKWARD_OBSERVED] = _yes
     return Handler(fun=fun), rec
+
+
+_jvp_pool = _Pool(_new_jvp_handler)
 
 
 def _mine(trace, x):

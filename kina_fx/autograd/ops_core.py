@@ -18,8 +18,9 @@ import numpy as np
 from .. import gpu_ops
 from ..errors import KinaTypeError, UnimplementedError, ValidationError
 from . import samples
-from .primitives import (COMPLEX_REFUSAL, expand_back, norm_axes, op, reduction_prepare,
-                         unbroadcast, unwrapping, xp_kernel)
+from .primitives import (COMPLEX_REFUSAL, expand_back, extremum_weights, norm_axes, op,
+                         reduction_prepare, unary_ufunc, unbroadcast, unwrapping,
+                         weighted_reduction)
 from .tensor import (Tensor, _raw, _shape, array_module, as_sequence, is_traced, kernels,
                      recordable)
 
@@ -38,50 +39,24 @@ _pysum = sum
 # --- arithmetic -----------------------------------------------------------------------
 
 
-# The arithmetic kernels spell the operator out (one bytecode, no call); NumPy
-# and CuPy arrays implement them.
-@unwrapping
-def _add_kernel(a, b):
-    if a.__class__ is Tensor:
-        a = _raw(a)
-    if b.__class__ is Tensor:
-        b = _raw(b)
-    return a + b
-
-
-@unwrapping
-def _sub_kernel(a, b):
-    if a.__class__ is Tensor:
-        a = _raw(a)
-    if b.__class__ is Tensor:
-        b = _raw(b)
-    return a - b
-
-
-@unwrapping
-def _mul_kernel(a, b):
-    if a.__class__ is Tensor:
-        a = _raw(a)
-    if b.__class__ is Tensor:
-        b = _raw(b)
-    return a * b
-
-
-@unwrapping
-def _div_kernel(a, b):
-    if a.__class__ is Tensor:
-        a = _raw(a)
-    if b.__class__ is Tensor:
-        b = _raw(b)
-    return a / b
-
+def _arithmetic_kernel(operator):
+    """The kernel of an arithmetic op: ``operator`` (``operator.add``) of the
+    raw arrays (NumPy and CuPy arrays implement them)."""
+    def kernel(a, b):
+        if a.__class__ is Tensor:
+            a = _raw(a)
+        if b.__class__ is Tensor:
+            b = _raw(b)
+        return operator(a, b)
+    kernel.__name__ = kernel.__qualname__ = f"{operator.__name__}_kernel"
+    return unwrapping(kernel)
 
 
 @op(numpy=np.add, operator="add", elementwise=True, raw=_operator.add,
     sample=samples.elementwise("real", "real"), reference=lambda np, a, b: a + b)
 class add:
     """``a + b`` with NumPy broadcasting; cotangents are summed over broadcast axes."""
-    kernel = _add_kernel
+    kernel = _arithmetic_kernel(_operator.add)
 
     def d_a(o, v, out, a, b):
         return v
@@ -94,7 +69,7 @@ class add:
     sample=samples.elementwise("real", "real"), reference=lambda np, a, b: a - b)
 class sub:
     """``a - b`` with NumPy broadcasting."""
-    kernel = _sub_kernel
+    kernel = _arithmetic_kernel(_operator.sub)
 
     def d_a(o, v, out, a, b):
         return v
@@ -107,7 +82,7 @@ class sub:
     sample=samples.elementwise("real", "real"), reference=lambda np, a, b: a * b)
 class mul:
     """``a * b`` with NumPy broadcasting."""
-    kernel = _mul_kernel
+    kernel = _arithmetic_kernel(_operator.mul)
 
     def d_a(o, v, out, a, b):
         return o.mul(v, b)
@@ -120,7 +95,7 @@ class mul:
     sample=samples.elementwise("real", "away_from_zero"), reference=lambda np, a, b: a / b)
 class div:
     """``a / b`` with NumPy broadcasting."""
-    kernel = _div_kernel
+    kernel = _arithmetic_kernel(_operator.truediv)
 
     def d_a(o, v, out, a, b):
         return o.div(v, b)
@@ -194,34 +169,22 @@ class neg:
 # --- elementwise functions ---------------------------------------------------------------
 
 
-@op(numpy=np.exp, methods=("exp",), elementwise=True, sample=samples.elementwise(),
-    reference=lambda np, x: np.exp(x))
-class exp:
+@unary_ufunc(methods=("exp",))
+def exp(o, v, out, x):
     """Elementwise ``e**x``."""
-    kernel = xp_kernel("exp")
-
-    def d_x(o, v, out, x):
-        return o.mul(v, out)
+    return o.mul(v, out)
 
 
-@op(numpy=np.log, methods=("log",), elementwise=True, sample=samples.elementwise("positive"),
-    reference=lambda np, x: np.log(x))
-class log:
+@unary_ufunc("positive", methods=("log",))
+def log(o, v, out, x):
     """Elementwise natural logarithm."""
-    kernel = xp_kernel("log")
-
-    def d_x(o, v, out, x):
-        return o.div(v, x)
+    return o.div(v, x)
 
 
-@op(numpy=np.tanh, methods=("tanh",), elementwise=True, sample=samples.elementwise(),
-    reference=lambda np, x: np.tanh(x))
-class tanh:
+@unary_ufunc(methods=("tanh",))
+def tanh(o, v, out, x):
     """Elementwise hyperbolic tangent."""
-    kernel = xp_kernel("tanh")
-
-    def d_x(o, v, out, x):
-        return o.mul(v, o.sub(1.0, o.mul(out, out)))
+    return o.mul(v, o.sub(1.0, o.mul(out, out)))
 
 
 @op(elementwise=True, sample=samples.elementwise(),
@@ -388,30 +351,13 @@ class mean:
         return o.div(expand_back(o, g, shape, axis, keepdims), _count(shape, axis))
 
 
-def _max_weights(x, out, axis, keepdims):
-    """Raw weights: 1/count on the arg-max positions, 0 elsewhere (a constant)."""
-    rx, ro = _raw(x), _raw(out)
-    xp = array_module(rx)
-    if not keepdims:
-        axes = norm_axes(axis, rx.ndim)
-        ro = xp.reshape(ro, tuple(1 if i in axes else s for i, s in enumerate(rx.shape)))
-    mask = (rx == ro).astype(rx.dtype)
-    return mask / mask.sum(axis=axis, keepdims=True)
-
-
 @op(numpy=(np.max, np.amax), methods=("max",), sample=samples.reduction(),
     reference=lambda np, x, axis=None, keepdims=False: np.max(x, axis=axis, keepdims=keepdims))
 class max:
     """Maximum over ``axis``; tied maxima share the gradient equally."""
     kernel = _reduce_kernel("max", np.max)
     prepare = reduction_prepare
-
-    def vjp_x(o, g, out, x, axis, keepdims):
-        return o.mul(expand_back(o, g, x.shape, axis, keepdims),
-                     _max_weights(x, out, axis, keepdims))
-
-    def jvp_x(o, t, out, x, axis, keepdims):
-        return o.sum(o.mul(t, _max_weights(x, out, axis, keepdims)), axis, keepdims)
+    vjp_x, jvp_x = weighted_reduction(extremum_weights)
 
 
 # --- shapes ------------------------------------------------------------------------------
@@ -648,14 +594,17 @@ def _log_softmax_reference(np, x, axis=-1):
     return s - np.log(np.sum(np.exp(s), axis=axis, keepdims=True))
 
 
+def _axis_prepare(x, axis=-1):
+    return x, int(axis)
+
+
 @op(sample=samples.along_axis(), reference=_softmax_reference)
 class softmax:
     """Numerically stable softmax along ``axis``."""
     def kernel(x, axis):
         return gpu_ops.softmax(x, axis)
 
-    def prepare(x, axis=-1):
-        return x, int(axis)
+    prepare = _axis_prepare
 
     def vjp_x(o, g, out, x, axis):
         gy = o.mul(g, out)
@@ -668,12 +617,12 @@ class softmax:
 
 @op(sample=samples.along_axis(), reference=_log_softmax_reference)
 class log_softmax:
-    """Numerically stable log-softmax along ``axis``."""
+    """Numerically stable log-softmax along ``axis``: ``x - logsumexp(x, axis)``,
+    the logarithm of :func:`softmax`."""
     def kernel(x, axis):
         return gpu_ops.log_softmax(x, axis)
 
-    def prepare(x, axis=-1):
-        return x, int(axis)
+    prepare = _axis_prepare
 
     def vjp_x(o, g, out, x, axis):
         return o.sub(g, o.mul(o.exp(out), o.sum(g, axis, True)))

@@ -25,8 +25,9 @@ from ..errors import KinaTypeError, UnimplementedError, ValidationError
 from . import samples
 from .ops_core import mul as _mul
 from .ops_core import reshape
-from .primitives import (axis_param, expand_back, norm_axes, numpy_rule, op, reduction_prepare,
-                         unbroadcast, xp_kernel)
+from .primitives import (axis_param, constant_ufunc, extremum_weights, norm_axes,
+                         numpy_rule, op, reduction_prepare, unary_ufunc, unbroadcast,
+                         weighted_reduction, xp_kernel)
 from .tensor import _as_array, _raw, _shape, array_module
 
 __all__ = [
@@ -74,209 +75,123 @@ class abs:
         return o.mul(v, _sign_of(x))
 
 
-@op(numpy=np.sqrt, elementwise=True, sample=samples.elementwise("positive"),
-    reference=lambda np, x: np.sqrt(x))
-class sqrt:
+@unary_ufunc("positive")
+def sqrt(o, v, out, x):
     """Elementwise square root (its derivative at 0 is infinite)."""
-    kernel = xp_kernel("sqrt")
-
-    def d_x(o, v, out, x):
-        return o.div(o.mul(v, 0.5), out)
+    return o.div(o.mul(v, 0.5), out)
 
 
-@op(numpy=np.square, elementwise=True, sample=samples.elementwise(),
-    reference=lambda np, x: np.square(x))
-class square:
+@unary_ufunc()
+def square(o, v, out, x):
     """Elementwise ``x * x``."""
-    kernel = xp_kernel("square")
-
-    def d_x(o, v, out, x):
-        return o.mul(v, o.mul(x, 2.0))
+    return o.mul(v, o.mul(x, 2.0))
 
 
-@op(numpy=np.sign, constant=("x",), sample=samples.elementwise("away_from_zero"),
-    reference=lambda np, x: np.sign(x))
-class sign:
-    """Elementwise sign (-1, 0 or 1): piecewise constant, so its derivative is 0."""
-    kernel = xp_kernel("sign")
+# Piecewise constant, so their derivative is 0:
+sign = constant_ufunc("sign", "Elementwise sign (-1, 0 or 1): piecewise constant, so its "
+                      "derivative is 0.", "away_from_zero")
+floor = constant_ufunc("floor", "Elementwise floor: piecewise constant, so its derivative is 0.")
+ceil = constant_ufunc("ceil", "Elementwise ceiling: piecewise constant, so its derivative is 0.")
 
 
-@op(numpy=np.floor, constant=("x",), sample=samples.elementwise(),
-    reference=lambda np, x: np.floor(x))
-class floor:
-    """Elementwise floor: piecewise constant, so its derivative is 0."""
-    kernel = xp_kernel("floor")
-
-
-@op(numpy=np.ceil, constant=("x",), sample=samples.elementwise(),
-    reference=lambda np, x: np.ceil(x))
-class ceil:
-    """Elementwise ceiling: piecewise constant, so its derivative is 0."""
-    kernel = xp_kernel("ceil")
-
-
-@op(numpy=np.sin, elementwise=True, sample=samples.elementwise(),
-    reference=lambda np, x: np.sin(x))
-class sin:
+@unary_ufunc()
+def sin(o, v, out, x):
     """Elementwise sine."""
-    kernel = xp_kernel("sin")
-
-    def d_x(o, v, out, x):
-        return o.mul(v, o.cos(x))
+    return o.mul(v, o.cos(x))
 
 
-@op(numpy=np.cos, elementwise=True, sample=samples.elementwise(),
-    reference=lambda np, x: np.cos(x))
-class cos:
+@unary_ufunc()
+def cos(o, v, out, x):
     """Elementwise cosine."""
-    kernel = xp_kernel("cos")
-
-    def d_x(o, v, out, x):
-        return o.neg(o.mul(v, o.sin(x)))
+    return o.neg(o.mul(v, o.sin(x)))
 
 
-@op(numpy=np.tan, elementwise=True, sample=samples.elementwise("unit"),
-    reference=lambda np, x: np.tan(x))
-class tan:
+@unary_ufunc("unit")
+def tan(o, v, out, x):
     """Elementwise tangent."""
-    kernel = xp_kernel("tan")
-
-    def d_x(o, v, out, x):
-        return o.mul(v, o.add(1.0, o.mul(out, out)))
+    return o.mul(v, o.add(1.0, o.mul(out, out)))
 
 
-@op(numpy=np.sinh, elementwise=True, sample=samples.elementwise(),
-    reference=lambda np, x: np.sinh(x))
-class sinh:
+@unary_ufunc()
+def sinh(o, v, out, x):
     """Elementwise hyperbolic sine."""
-    kernel = xp_kernel("sinh")
-
-    def d_x(o, v, out, x):
-        return o.mul(v, o.cosh(x))
+    return o.mul(v, o.cosh(x))
 
 
-@op(numpy=np.cosh, elementwise=True, sample=samples.elementwise(),
-    reference=lambda np, x: np.cosh(x))
-class cosh:
+@unary_ufunc()
+def cosh(o, v, out, x):
     """Elementwise hyperbolic cosine."""
-    kernel = xp_kernel("cosh")
-
-    def d_x(o, v, out, x):
-        return o.mul(v, o.sinh(x))
+    return o.mul(v, o.sinh(x))
 
 
 def _inv_sqrt_one_minus_square(o, x):
     return o.div(1.0, o.sqrt(o.sub(1.0, o.mul(x, x))))
 
 
-@op(numpy=np.arcsin, elementwise=True, sample=samples.elementwise("unit"),
-    reference=lambda np, x: np.arcsin(x))
-class arcsin:
+@unary_ufunc("unit")
+def arcsin(o, v, out, x):
     """Elementwise inverse sine, on ``[-1, 1]``."""
-    kernel = xp_kernel("arcsin")
-
-    def d_x(o, v, out, x):
-        return o.mul(v, _inv_sqrt_one_minus_square(o, x))
+    return o.mul(v, _inv_sqrt_one_minus_square(o, x))
 
 
-@op(numpy=np.arccos, elementwise=True, sample=samples.elementwise("unit"),
-    reference=lambda np, x: np.arccos(x))
-class arccos:
+@unary_ufunc("unit")
+def arccos(o, v, out, x):
     """Elementwise inverse cosine, on ``[-1, 1]``."""
-    kernel = xp_kernel("arccos")
-
-    def d_x(o, v, out, x):
-        return o.neg(o.mul(v, _inv_sqrt_one_minus_square(o, x)))
+    return o.neg(o.mul(v, _inv_sqrt_one_minus_square(o, x)))
 
 
-@op(numpy=np.arctan, elementwise=True, sample=samples.elementwise(),
-    reference=lambda np, x: np.arctan(x))
-class arctan:
+@unary_ufunc()
+def arctan(o, v, out, x):
     """Elementwise inverse tangent."""
-    kernel = xp_kernel("arctan")
-
-    def d_x(o, v, out, x):
-        return o.div(v, o.add(1.0, o.mul(x, x)))
+    return o.div(v, o.add(1.0, o.mul(x, x)))
 
 
-@op(numpy=np.arcsinh, elementwise=True, sample=samples.elementwise(),
-    reference=lambda np, x: np.arcsinh(x))
-class arcsinh:
+@unary_ufunc()
+def arcsinh(o, v, out, x):
     """Elementwise inverse hyperbolic sine."""
-    kernel = xp_kernel("arcsinh")
-
-    def d_x(o, v, out, x):
-        return o.div(v, o.sqrt(o.add(o.mul(x, x), 1.0)))
+    return o.div(v, o.sqrt(o.add(o.mul(x, x), 1.0)))
 
 
-@op(numpy=np.arccosh, elementwise=True, sample=samples.elementwise("above_one"),
-    reference=lambda np, x: np.arccosh(x))
-class arccosh:
+@unary_ufunc("above_one")
+def arccosh(o, v, out, x):
     """Elementwise inverse hyperbolic cosine, on ``[1, inf)``."""
-    kernel = xp_kernel("arccosh")
-
-    def d_x(o, v, out, x):
-        return o.div(v, o.sqrt(o.sub(o.mul(x, x), 1.0)))
+    return o.div(v, o.sqrt(o.sub(o.mul(x, x), 1.0)))
 
 
-@op(numpy=np.arctanh, elementwise=True, sample=samples.elementwise("unit"),
-    reference=lambda np, x: np.arctanh(x))
-class arctanh:
+@unary_ufunc("unit")
+def arctanh(o, v, out, x):
     """Elementwise inverse hyperbolic tangent, on ``(-1, 1)``."""
-    kernel = xp_kernel("arctanh")
-
-    def d_x(o, v, out, x):
-        return o.div(v, o.sub(1.0, o.mul(x, x)))
+    return o.div(v, o.sub(1.0, o.mul(x, x)))
 
 
-@op(numpy=np.log1p, elementwise=True, sample=samples.elementwise("unit"),
-    reference=lambda np, x: np.log1p(x))
-class log1p:
+@unary_ufunc("unit")
+def log1p(o, v, out, x):
     """Elementwise ``log(1 + x)``, accurate for small ``x``."""
-    kernel = xp_kernel("log1p")
-
-    def d_x(o, v, out, x):
-        return o.div(v, o.add(x, 1.0))
+    return o.div(v, o.add(x, 1.0))
 
 
-@op(numpy=np.expm1, elementwise=True, sample=samples.elementwise(),
-    reference=lambda np, x: np.expm1(x))
-class expm1:
+@unary_ufunc()
+def expm1(o, v, out, x):
     """Elementwise ``exp(x) - 1``, accurate for small ``x``."""
-    kernel = xp_kernel("expm1")
-
-    def d_x(o, v, out, x):
-        return o.mul(v, o.add(out, 1.0))
+    return o.mul(v, o.add(out, 1.0))
 
 
-@op(numpy=np.log2, elementwise=True, sample=samples.elementwise("positive"),
-    reference=lambda np, x: np.log2(x))
-class log2:
+@unary_ufunc("positive")
+def log2(o, v, out, x):
     """Elementwise base-2 logarithm."""
-    kernel = xp_kernel("log2")
-
-    def d_x(o, v, out, x):
-        return o.div(v, o.mul(x, _LN2))
+    return o.div(v, o.mul(x, _LN2))
 
 
-@op(numpy=np.log10, elementwise=True, sample=samples.elementwise("positive"),
-    reference=lambda np, x: np.log10(x))
-class log10:
+@unary_ufunc("positive")
+def log10(o, v, out, x):
     """Elementwise base-10 logarithm."""
-    kernel = xp_kernel("log10")
-
-    def d_x(o, v, out, x):
-        return o.div(v, o.mul(x, _LN10))
+    return o.div(v, o.mul(x, _LN10))
 
 
-@op(numpy=np.exp2, elementwise=True, sample=samples.elementwise(),
-    reference=lambda np, x: np.exp2(x))
-class exp2:
+@unary_ufunc()
+def exp2(o, v, out, x):
     """Elementwise ``2 ** x``."""
-    kernel = xp_kernel("exp2")
-
-    def d_x(o, v, out, x):
-        return o.mul(v, o.mul(out, _LN2))
+    return o.mul(v, o.mul(out, _LN2))
 
 
 # =====================================================================================
@@ -414,16 +329,6 @@ def _kept(o, v, shape, axis, keepdims):
     return v if keepdims else o.reshape(v, _keepdims_shape(shape, axis))
 
 
-def _min_weights(x, out, axis, keepdims):
-    """Raw weights: 1/count on the arg-min positions, 0 elsewhere (a constant)."""
-    rx, ro = _raw(x), _raw(out)
-    xp = array_module(rx)
-    if not keepdims:
-        ro = xp.reshape(ro, _keepdims_shape(rx.shape, axis))
-    mask = (rx == ro).astype(rx.dtype)
-    return mask / mask.sum(axis=axis, keepdims=True)
-
-
 @op(numpy=(np.min, np.amin), methods=("min",), sample=samples.reduction(),
     reference=lambda np, x, axis=None, keepdims=False: np.min(x, axis=axis, keepdims=keepdims))
 class min:
@@ -433,13 +338,7 @@ class min:
         return array_module(x).min(x, axis=axis, keepdims=keepdims)
 
     prepare = reduction_prepare
-
-    def vjp_x(o, g, out, x, axis, keepdims):
-        return o.mul(expand_back(o, g, x.shape, axis, keepdims),
-                     _min_weights(x, out, axis, keepdims))
-
-    def jvp_x(o, t, out, x, axis, keepdims):
-        return o.sum(o.mul(t, _min_weights(x, out, axis, keepdims)), axis, keepdims)
+    vjp_x, jvp_x = weighted_reduction(extremum_weights)
 
 
 def _inclusive_cumprod(o, y):
@@ -465,7 +364,7 @@ def _exclusive_cumprod(o, y):
     return o.concatenate([ones, inclusive], -1)
 
 
-def _products_of_the_others(o, x, axis):
+def _products_of_the_others(o, x, out, axis, keepdims):
     """For each element of ``x``, the product of the other elements of its
     reduction group (``axis``): the derivative of ``prod``, without dividing
     by ``x`` (so zeros are exact)."""
@@ -507,13 +406,7 @@ class prod:
         return array_module(x).prod(x, axis=axis, keepdims=keepdims)
 
     prepare = reduction_prepare
-
-    def vjp_x(o, g, out, x, axis, keepdims):
-        return o.mul(expand_back(o, g, x.shape, axis, keepdims),
-                     _products_of_the_others(o, x, axis))
-
-    def jvp_x(o, t, out, x, axis, keepdims):
-        return o.sum(o.mul(t, _products_of_the_others(o, x, axis)), axis, keepdims)
+    vjp_x, jvp_x = weighted_reduction(_products_of_the_others)
 
 
 def _ddof_param(ddof):

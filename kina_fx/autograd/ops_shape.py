@@ -636,18 +636,6 @@ def _take_along_axis_reference(np, x, indices, axis):
 # =====================================================================================
 
 
-def _triangle_prepare(name):
-    def prepare(x, k=0):
-        x = _as_array(x)
-        shape = _shape(_raw(x))
-        if not shape:
-            raise ValidationError(f"{name} needs an array of rank >= 1")
-        if len(shape) == 1:   # NumPy: a 1-D array is broadcast to (n, n)
-            x = broadcast_to(x, (shape[0], shape[0]))
-        return x, _operator.index(k)
-    return prepare
-
-
 def _sample_triangle(draw):
     shape = draw.shape(min_dims=1, max_dims=3)
     return [draw.array(shape)], {"k": draw.integers(-2, 2)}
@@ -658,32 +646,34 @@ def _square(np, x):
     return x * np.ones((np.shape(x)[0], 1)) if np.ndim(x) == 1 else x
 
 
-@op(numpy=np.tril, linear=True, sample=_sample_triangle,
-    reference=lambda np, x, k=0: np.tril(_square(np, x), k))
-class tril:
-    """The lower triangle of the last two axes: elements above the ``k``-th
-    diagonal set to zero (a 1-D ``x`` is broadcast to a square, as NumPy)."""
-    def kernel(x, k):
-        return array_module(x).tril(x, k)
+def _triangle(name, doc):
+    """Register ``tril`` or ``triu`` (``name``): the two differ only in the
+    triangle kept, and each is its own transpose (linear, the cotangent's
+    same triangle)."""
+    class triangle:
+        def kernel(x, k):
+            return getattr(array_module(x), name)(x, k)
 
-    prepare = _triangle_prepare("tril")
+        def prepare(x, k=0):
+            x = _as_array(x)
+            shape = _shape(_raw(x))
+            if not shape:
+                raise ValidationError(f"{name} needs an array of rank >= 1")
+            if len(shape) == 1:   # NumPy: a 1-D array is broadcast to (n, n)
+                x = broadcast_to(x, (shape[0], shape[0]))
+            return x, _operator.index(k)
 
-    def vjp_x(o, g, out, x, k):
-        return o.tril(g, k)
+        def vjp_x(o, g, out, x, k):
+            return getattr(o, name)(g, k)
+    triangle.__doc__ = doc
+    return op(name, numpy=getattr(np, name), linear=True, sample=_sample_triangle,
+              reference=lambda np, x, k=0: getattr(np, name)(_square(np, x), k))(triangle)
 
 
-@op(numpy=np.triu, linear=True, sample=_sample_triangle,
-    reference=lambda np, x, k=0: np.triu(_square(np, x), k))
-class triu:
-    """The upper triangle of the last two axes: elements below the ``k``-th
-    diagonal set to zero (a 1-D ``x`` is broadcast to a square, as NumPy)."""
-    def kernel(x, k):
-        return array_module(x).triu(x, k)
-
-    prepare = _triangle_prepare("triu")
-
-    def vjp_x(o, g, out, x, k):
-        return o.triu(g, k)
+tril = _triangle("tril", """The lower triangle of the last two axes: elements above the ``k``-th
+    diagonal set to zero (a 1-D ``x`` is broadcast to a square, as NumPy).""")
+triu = _triangle("triu", """The upper triangle of the last two axes: elements below the ``k``-th
+    diagonal set to zero (a 1-D ``x`` is broadcast to a square, as NumPy).""")
 
 
 def _diagonal_positions(xp, rows, cols, offset):

@@ -99,6 +99,8 @@ def render_stub() -> str:
              "from typing import Any", "", "__all__ = ["]
     ops = builtin_ops()
     lines += [f"    {name!r}," for name in ops] + ["]", ""]
+    # One declaration per op, in name order: ops with the same signature give
+    # lines of the same shape in the stub (a deliberate, generated repetition).
     for name, p in ops.items():
         lines.append(f"def {name}{_stub_signature(p.public)}: ...")
     return "\n".join(lines) + "\n"

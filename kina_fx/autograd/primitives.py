@@ -29,6 +29,7 @@ The core ops are in :mod:`.ops_core`, the others in ``ops_*.py``.
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import Any, Callable
 
 import numpy as np
@@ -36,12 +37,14 @@ import numpy as np
 from .. import gpu_ops
 from ..errors import ValidationError
 from ..handlers import Effect, perform
+from . import samples
 from .tensor import (Tensor, _as_array, _plain, _raw, _shape, array_module, as_sequence,
                      kernels, recordable)
 
 __all__ = ["op", "Primitive", "PRIMITIVES", "NUMPY_RULES", "COMPOSITES", "effect_of",
            "numpy_rule", "xp_kernel", "unwrapping", "registry_generation", "COMPLEX_REFUSAL",
-           "unbroadcast", "norm_axes", "axis_param", "expand_back", "reduction_prepare"]
+           "unary_ufunc", "constant_ufunc", "unbroadcast", "norm_axes", "axis_param",
+           "expand_back", "reduction_prepare", "extremum_weights", "weighted_reduction"]
 
 _ndarray = np.ndarray
 _pysum = sum
@@ -228,21 +231,15 @@ def _public_general(prim, prepare):
     return fn
 
 
-def _operator_methods(eff):
-    def forward(self, other):
+def _operator_method(eff, reflected):
+    """``Tensor.__add__`` (``reflected``: ``__radd__``) of the op ``eff``."""
+    def method(self, other):
         c = other.__class__
         if c is not float and (c is list or c is tuple):
             other = _as_array(other)
-        r = perform(eff, self, other)
+        r = perform(eff, other, self) if reflected else perform(eff, self, other)
         return r if r.__class__ is Tensor else _plain(r)
-
-    def reflected(self, other):
-        c = other.__class__
-        if c is not float and (c is list or c is tuple):
-            other = _as_array(other)
-        r = perform(eff, other, self)
-        return r if r.__class__ is Tensor else _plain(r)
-    return forward, reflected
+    return method
 
 
 def _unary_operator(eff):
@@ -503,9 +500,8 @@ def op(name: str | None = None, *, numpy: Any = (), operator: str | None = None,
         if operator in ("neg",):
             Tensor.__neg__ = _unary_operator(p.effect)
         elif operator is not None:
-            fwd, rev = _operator_methods(p.effect)
-            setattr(Tensor, f"__{operator}__", fwd)
-            setattr(Tensor, f"__r{operator}__", rev)
+            setattr(Tensor, f"__{operator}__", _operator_method(p.effect, False))
+            setattr(Tensor, f"__r{operator}__", _operator_method(p.effect, True))
         for m in p.methods:
             setattr(Tensor, m, public)
         if "method" in body:
@@ -514,6 +510,44 @@ def op(name: str | None = None, *, numpy: Any = (), operator: str | None = None,
         bump_generation()
         return public
     return register
+
+
+def unary_ufunc(domain: str = "real", *, methods: Any = ()) -> Callable:
+    """Register the elementwise op of one array that is the array module's
+    function of the decorated function's name (``np.sin`` for ``def sin``):
+    its kernel (:func:`xp_kernel`), the NumPy function it differentiates and
+    its test reference.  The decorated function is the op's one derivative
+    rule ``d_x(o, v, out, x)`` and its docstring the op's; ``domain`` is the
+    sample domain of ``x``.  The same as the ``@op`` block::
+
+        @op(numpy=np.sin, elementwise=True, sample=samples.elementwise(domain),
+            reference=lambda np, x: np.sin(x))
+        class sin:
+            "<docstring>"
+            kernel = xp_kernel("sin")
+            def d_x(o, v, out, x): ...
+    """
+    def register(d_x):
+        name = d_x.__name__
+        spec = type(name, (), {"__doc__": d_x.__doc__, "__module__": d_x.__module__,
+                               "kernel": xp_kernel(name), "d_x": d_x})
+        d_x.__name__, d_x.__qualname__ = "d_x", f"{name}.d_x"     # as in the block
+        return _register_ufunc(name, spec, domain, methods=methods, elementwise=True)
+    return register
+
+
+def constant_ufunc(name: str, doc: str, domain: str = "real") -> Callable:
+    """Register the piecewise constant elementwise function ``name`` of the
+    array module (``"floor"``) as an op whose derivative is 0 (its input is
+    constant); returns its public function."""
+    module = sys._getframe(1).f_globals["__name__"]     # the caller's, as namedtuple's
+    spec = type(name, (), {"__doc__": doc, "__module__": module, "kernel": xp_kernel(name)})
+    return _register_ufunc(name, spec, domain, constant=("x",))
+
+
+def _register_ufunc(name, spec, domain, **kwargs):
+    return op(numpy=getattr(np, name), sample=samples.elementwise(domain),
+              reference=lambda xnp, x: getattr(xnp, name)(x), **kwargs)(spec)
 
 
 def numpy_rule(*numpy_functions: Callable, sample: Callable | None = None,
@@ -582,6 +616,33 @@ def expand_back(o, g, shape, axis, keepdims):
         axes = norm_axes(axis, len(shape))
         g = o.reshape(g, tuple(1 if i in axes else s for i, s in enumerate(shape)))
     return o.broadcast_to(g, shape)
+
+
+def extremum_weights(o, x, out, axis, keepdims):
+    """The derivative of ``max`` or ``min`` (``out``) over ``axis`` as raw
+    weights: 1/count on the positions of ``x`` equal to ``out``, 0 elsewhere
+    (tied extrema share equally; a constant: masks have no derivative)."""
+    rx, ro = _raw(x), _raw(out)
+    if not keepdims:
+        axes = norm_axes(axis, rx.ndim)
+        ro = array_module(rx).reshape(
+            ro, tuple(1 if i in axes else s for i, s in enumerate(rx.shape)))
+    mask = (rx == ro).astype(rx.dtype)
+    return mask / mask.sum(axis=axis, keepdims=True)
+
+
+def weighted_reduction(weights: Callable) -> tuple:
+    """The rules ``(vjp_x, jvp_x)`` of a reduction ``f(x, axis, keepdims)``
+    whose derivative is ``weights(o, x, out, axis, keepdims)`` (an array of
+    ``x``'s shape): the cotangent is ``g`` expanded back times the weights,
+    the tangent the sum over ``axis`` of ``t`` times the weights."""
+    def vjp_x(o, g, out, x, axis, keepdims):
+        return o.mul(expand_back(o, g, x.shape, axis, keepdims),
+                     weights(o, x, out, axis, keepdims))
+
+    def jvp_x(o, t, out, x, axis, keepdims):
+        return o.sum(o.mul(t, weights(o, x, out, axis, keepdims)), axis, keepdims)
+    return vjp_x, jvp_x
 
 
 #: The message of every refusal of complex numbers (casts, tapes).

@@ -108,24 +108,19 @@ class Tape:
     def __enter__(self) -> "Tape":
         if self._live:
             raise ValidationError(f"{self!r} is already recording")
-        # Handlers are pooled: building one (a clause per primitive) costs more
-        # than a small function's whole forward pass.  A pooled handler's
-        # clauses read the tape from its _Recorder, so a box of an earlier
-        # tape never passes for one of this tape (boxes name their Tape).
-        self._handler = _take_handler(_tape_pool, _new_tape_handler)
-        handler, rec = self._handler
-        rec.tape = self
-        handler.__enter__()
-        self._live = True
-        return self
+        return _tape_pool.enter(self)
 
     def __exit__(self, *exc: Any) -> None:
-        self._live = False
-        handler, rec = self._handler
-        self._handler = None
-        handler.__exit__(*exc)
-        rec.tape = None
-        _give_back(_tape_pool, handler, rec)
+        _tape_pool.exit(self, exc)
+
+    def _record(self, rule, ids, u, v, out, prim) -> Tensor:
+        """Append the node ``(rule, id of out, ids, u, v, out, prim)`` (see
+        :meth:`_backward`) and return ``out``'s box.  The hottest clauses
+        (:func:`_elementwise_factory` and its siblings) inline it."""
+        i = self._n
+        self._n = i + 1
+        self._nodes.append((rule, i, ids, u, v, out, prim))
+        return _box(out, self, i)
 
     def watch(self, x, name: str | None = None) -> Tensor:
         """A box of this tape for ``x`` (array, scalar or Tensor): the values
@@ -297,28 +292,41 @@ class _Recorder:
 
 
 class _Pool:
-    """Finished traces' handlers, kept while the op table does not change."""
+    """Finished traces' handlers, kept while the op table does not change.
 
-    def __init__(self):
+    Handlers are pooled: building one (a clause per primitive) costs more
+    than a small function's whole forward pass.  A pooled handler's clauses
+    read the trace from its _Recorder, so a box of an earlier trace never
+    passes for one of this trace (boxes name their trace).  ``build()`` makes
+    a new ``(handler, recorder)``; tapes and jvp traces have a pool each.
+    """
+
+    def __init__(self, build):
+        self.build = build
         self.items = []
         self.generation = -1
 
+    def enter(self, trace):
+        """Install a handler recording on ``trace`` (its ``__enter__``)."""
+        if self.generation != registry_generation():
+            self.items = []
+            self.generation = registry_generation()
+        trace._handler = self.items.pop() if self.items else self.build()
+        handler, rec = trace._handler
+        rec.tape = trace
+        handler.__enter__()
+        trace._live = True
+        return trace
 
-_tape_pool = _Pool()
-
-
-def _take_handler(pool, build):
-    if pool.generation != registry_generation():
-        pool.items = []
-        pool.generation = registry_generation()
-    if pool.items:
-        return pool.items.pop()
-    return build()
-
-
-def _give_back(pool, handler, rec):
-    if pool.generation == registry_generation() and len(pool.items) < 64:
-        pool.items.append((handler, rec))
+    def exit(self, trace, exc):
+        """Uninstall ``trace``'s handler and keep it (its ``__exit__``)."""
+        trace._live = False
+        handler, rec = trace._handler
+        trace._handler = None
+        handler.__exit__(*exc)
+        rec.tape = None
+        if self.generation == registry_generation() and len(self.items) < 64:
+            self.items.append((handler, rec))
 
 
 def extra_clauses():
@@ -347,6 +355,9 @@ def _new_tape_handler():
         fun[eff] = make_tape(rec)
     fun[BACKWARD_OBSERVED] = _yes
     return Handler(fun=fun), rec
+
+
+_tape_pool = _Pool(_new_tape_handler)
 
 
 _factories: dict = {}
@@ -397,6 +408,8 @@ def _elementwise_factory(prim, rule):
                 i = tape._n
                 tape._n = i + 1
                 tape._nodes.append((rule, i, x._id, v, None, out, prim))
+                # the box built inline, not by _box: the hottest clause (tanh,
+                # exp, ...), one call less per op; _binary_factory's likewise
                 b = _new(Tensor)
                 b._value = out
                 b._trace = tape
@@ -424,11 +437,7 @@ def _unary_factory(prim, rule):
                     i = tape._n
                     tape._n = i + 1
                     tape._nodes.append((rule, i, x._id, v, params, out, prim))
-                    b = _new(Tensor)
-                    b._value = out
-                    b._trace = tape
-                    b._id = i
-                    return b
+                    return _box(out, tape, i)
             return perform(eff, x, *params)
         return clause
     return make
@@ -444,17 +453,9 @@ def _binary_factory(prim):
             tape = rec.tape
             ia = ib = -1
             if a.__class__ is Tensor:
-                if a._trace is tape:
-                    ia = a._id
-                    a = a._value
-                else:
-                    ia, a = own(tape, a)
+                ia, a = (a._id, a._value) if a._trace is tape else own(tape, a)
             if b.__class__ is Tensor:
-                if b._trace is tape:
-                    ib = b._id
-                    b = b._value
-                else:
-                    ib, b = own(tape, b)
+                ib, b = (b._id, b._value) if b._trace is tape else own(tape, b)
             out = perform(eff, a, b)
             i = tape._n
             if ib < 0:
@@ -496,11 +497,8 @@ def _general_factory(prim):
             for k in range(nin):
                 if ids[k] < 0 and is_complex(inner[k]):
                     _refuse_complex(prim)
-            i = tape._n
-            tape._n = i + 1
-            tape._nodes.append((rule, i, tuple(ids), tuple(inner[:nin]), tuple(inner[nin:]),
-                                out, prim))
-            return _box(out, tape, i)
+            return tape._record(rule, tuple(ids), tuple(inner[:nin]), tuple(inner[nin:]), out,
+                                prim)
         return clause
     return make
 
@@ -524,9 +522,6 @@ def _sequence_factory(prim):
             for i, v in zip(ids, inner):
                 if i < 0 and is_complex(v):
                     _refuse_complex(prim)
-            i = tape._n
-            tape._n = i + 1
-            tape._nodes.append((rule, i, tuple(ids), (inner,), params, out, prim))
-            return _box(out, tape, i)
+            return tape._record(rule, tuple(ids), (inner,), params, out, prim)
         return clause
     return make

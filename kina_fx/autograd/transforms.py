@@ -95,6 +95,26 @@ def _check_scalar_output(out):
             "sum it to a scalar, or use vjp/jacobian for array outputs")
 
 
+def _watched(tape, tree):
+    """``((leaves, rebuild, boxes), boxed)``: ``tree``'s leaves, each watched
+    by ``tape`` (``boxes``), and the tree rebuilt with the boxes."""
+    leaves, rebuild = flatten(tree)
+    boxes = [tape._watch(leaf) for leaf in leaves]
+    return (leaves, rebuild, boxes), rebuild(boxes)
+
+
+def _gradients(tape, structs, target, seeds=None):
+    """The gradient of ``target`` (``seeds``: its cotangents) with respect to
+    each watched tree of ``structs`` (see :func:`_watched`), in its shape."""
+    gs = tape.gradient(target, [b for _, _, boxes in structs for b in boxes], seeds)
+    results, k = [], 0
+    for leaves, rebuild, boxes in structs:
+        n = len(boxes)
+        results.append(rebuild([_like(g, leaf) for g, leaf in zip(gs[k:k + n], leaves)]))
+        k += n
+    return results
+
+
 def value_and_grad(f: Callable, argnums: Argnums = 0, has_aux: bool = False) -> Callable:
     """``f``'s value and its gradient with respect to argument(s) ``argnums``.
 
@@ -113,10 +133,8 @@ def value_and_grad(f: Callable, argnums: Argnums = 0, has_aux: bool = False) -> 
         structs = []
         with tape:
             for n in nums:
-                leaves, rebuild = flatten(args[n])
-                boxes = [tape._watch(leaf) for leaf in leaves]
-                structs.append((leaves, rebuild, boxes))
-                args[n] = rebuild(boxes)
+                struct, args[n] = _watched(tape, args[n])
+                structs.append(struct)
             res = f(*args, **kwargs)
         if has_aux:
             if not isinstance(res, (tuple, list)) or len(res) != 2:
@@ -128,14 +146,7 @@ def value_and_grad(f: Callable, argnums: Argnums = 0, has_aux: bool = False) -> 
         else:
             out, aux = res, None
         _check_scalar_output(out)
-        all_boxes = [b for _, _, boxes in structs for b in boxes]
-        gs = tape.gradient(out, all_boxes)
-        results, k = [], 0
-        for leaves, rebuild, boxes in structs:
-            n = len(boxes)
-            results.append(rebuild([_like(g, leaf) for g, leaf in
-                                    zip(gs[k:k + n], leaves)]))
-            k += n
+        results = _gradients(tape, structs, out)
         g = results[0] if single else tuple(results)
         value = _output(_unbox(out, tape), wrap)
         if has_aux:
@@ -171,10 +182,9 @@ def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable[[Any], tuple]]:
     args = []
     with tape:
         for p in primals:
-            leaves, rebuild = flatten(p)
-            boxes = [tape._watch(leaf) for leaf in leaves]
-            structs.append((leaves, rebuild, boxes))
-            args.append(rebuild(boxes))
+            struct, boxed = _watched(tape, p)
+            structs.append(struct)
+            args.append(boxed)
         res = f(*args)
     out_leaves, out_rebuild = flatten(res)
     for v in out_leaves:
@@ -198,15 +208,7 @@ def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable[[Any], tuple]]:
                 raise ValidationError(f"vjp_fn: a cotangent of shape {tuple(_shape(c))} for "
                                       f"an output of shape {tuple(_shape(v))}")
             seeds.append(c)
-        all_boxes = [b for _, _, boxes in structs for b in boxes]
-        gs = tape.gradient(list(out_leaves), all_boxes, seeds)
-        results, k = [], 0
-        for leaves, rebuild, boxes in structs:
-            n = len(boxes)
-            results.append(rebuild([_like(g, leaf) for g, leaf in
-                                    zip(gs[k:k + n], leaves)]))
-            k += n
-        return tuple(results)
+        return tuple(_gradients(tape, structs, list(out_leaves), seeds))
     return out, vjp_fn
 
 

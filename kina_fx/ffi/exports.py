@@ -350,8 +350,8 @@ PYTHON_EXPORTS: tuple = tuple(row for row in EXPORTS if row.callback is not None
 
 
 #: The types of kina_fx.h that the exports' parameters use, as cffi declares them
-#: (build.py's TYPES_CDEF declares the same for the embedded module; a test
-#: keeps the two equal).
+#: (build.py reads this literal from this file's source for the embedded module:
+#: keep it a plain string).
 CDEF_TYPES = """\
 typedef struct { int64_t rank; void *descriptor; } kina_unranked_memref_t;
 typedef uint64_t kina_fiber_t;

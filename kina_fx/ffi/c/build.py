@@ -40,18 +40,21 @@ HEADER = "kina_fx.h"
 PKGCONFIG = "kina_fx.pc"
 MODULE = "_kina_fx_embedded"
 
-# The types of kina_fx.h that the callbacks' parameters use: the text of
-# kina_fx.ffi.exports.CDEF_TYPES (which this script cannot import; a test keeps
-# the two equal).
-TYPES_CDEF = """\
-typedef struct { int64_t rank; void *descriptor; } kina_unranked_memref_t;
-typedef uint64_t kina_fiber_t;
-typedef uint64_t kina_handler_t;
-typedef uint64_t kina_tape_t;
-typedef int64_t (*kina_fiber_fn)(void *arg);
-typedef int32_t (*kina_handler_fn)(void *ctx, int32_t effect, const int64_t *args,
-                                   int32_t nargs, int64_t *out_value);
-"""
+
+def _cdef_types() -> str:
+    """The types of kina_fx.h that the callbacks' parameters use: the string
+    kina_fx.ffi.exports.CDEF_TYPES, read from that module's source (the build
+    cannot import it, but the string is a literal)."""
+    with open(os.path.join(HERE, "..", "exports.py")) as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "CDEF_TYPES" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise RuntimeError("kina_fx/ffi/exports.py has no CDEF_TYPES string")
+
+
+TYPES_CDEF = _cdef_types()
 
 # What kina_fx.ffi.binding calls in the embedded module besides the callbacks.
 INTERNAL_CDEF = """

@@ -359,35 +359,29 @@ static inline void kina__before_python(void)
         api->prepare();
 }
 
-/* The wrapper of a PYTHON row: the guard, then the callback. */
-#define KINA_DEFINE_PYTHON(name, pyname, params, args) \
-    static int32_t pyname params;                        \
-    KINA_API int32_t name params                         \
-    {                                                    \
-        int32_t status_ = kina__ensure_python();         \
-        if (status_ == KINA_STATUS_SUCCESS)              \
-            status_ = kina__check_recursion_headroom();  \
-        if (status_ != KINA_STATUS_SUCCESS)              \
-            return status_;                              \
-        kina__before_python();                           \
-        return pyname args;                              \
+/* An export's wrapper: the guard (Python started, stack headroom), then
+ * `fast_path` (a FAST row's C fast path; empty for a PYTHON row), then the
+ * callback. */
+#define KINA__WRAPPER(name, pyname, params, args, fast_path) \
+    static int32_t pyname params;                           \
+    KINA_API int32_t name params                            \
+    {                                                       \
+        int32_t status_ = kina__ensure_python();            \
+        if (status_ == KINA_STATUS_SUCCESS)                 \
+            status_ = kina__check_recursion_headroom();     \
+        if (status_ != KINA_STATUS_SUCCESS)                 \
+            return status_;                                 \
+        fast_path                                           \
+        kina__before_python();                              \
+        return pyname args;                                 \
     }
 
-/* The wrapper of a FAST row: the guard, the C fast path, then the callback. */
-#define KINA_DEFINE_FAST(name, pyname, params, args)                 \
-    static int32_t pyname params;                                    \
-    KINA_API int32_t name params                                     \
-    {                                                                \
-        int32_t status_ = kina__ensure_python();                     \
-        if (status_ == KINA_STATUS_SUCCESS)                          \
-            status_ = kina__check_recursion_headroom();              \
-        if (status_ != KINA_STATUS_SUCCESS)                          \
-            return status_;                                          \
-        if (kina__fast_##name(KINA__ARGS_AND_STATUS args, &status_)) \
-            return status_;                                          \
-        kina__before_python();                                       \
-        return pyname args;                                          \
-    }
+#define KINA_DEFINE_PYTHON(name, pyname, params, args) \
+    KINA__WRAPPER(name, pyname, params, args, )
+#define KINA_DEFINE_FAST(name, pyname, params, args)                          \
+    KINA__WRAPPER(name, pyname, params, args,                                 \
+                  if (kina__fast_##name(KINA__ARGS_AND_STATUS args, &status_)) \
+                      return status_;)
 #define KINA__ARGS_AND_STATUS(...) __VA_ARGS__
 
 #define KINA_DEFINE(path, name, pyname, params, args) KINA_DEFINE_##path(name, pyname, params, args)
