@@ -184,7 +184,8 @@ class AsyncContinuation:
     Awaited by the clause (directly, or through await_only from code it
     calls), the resumed code runs right there, on the clause's fiber, under the
     same handlers as after a plain clause's ``k.resume(v)``.  Awaited by
-    another task (``asyncio.create_task``, ``gather``, ``wait_for``), it runs
+    another task (``asyncio.create_task``, ``gather``; ``wait_for`` before
+    Python 3.12, which since awaits in the caller's own task), it runs
     on a fiber of its own driven by that task, under that task's handlers.
     Like the continuation it wraps, it is one-shot.
     """
