@@ -84,7 +84,8 @@ def run_nested(n):
     def body():
         for i in range(n):
             perform(E, i)
-    Handler(on={E: lambda k, x: k.resume(x) + 1}).run(body)
+        return 0
+    assert Handler(on={E: lambda k, x: k.resume(x) + 1}).run(body) == n
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ import inspect
 
 from .errors import ValidationError
 from .handlers import Effect, Handler, Stepper, perform
+from .multishot import perform_in_every_run
 
 __all__ = ["run", "handler", "await_only", "AsyncContinuation"]
 
@@ -59,6 +60,8 @@ __all__ = ["run", "handler", "await_only", "AsyncContinuation"]
 # Only its raw yields (the futures the task waits on) leave the fiber, by this
 # private effect, caught by run()'s Stepper and nothing else.
 _YIELD = Effect("kina.aio.yield")
+# A replay of a MultiHandler's body makes new futures: it waits on them itself.
+perform_in_every_run(_YIELD)
 # Answered True by an in-place handler under every handler of a run():
 # "this code runs on a fiber whose yields reach the event loop".
 _UNDER_RUN = Effect("kina.aio.under_run")
@@ -181,7 +184,8 @@ class AsyncContinuation:
     Awaited by the clause (directly, or through await_only from code it
     calls), the resumed code runs right there, on the clause's fiber, under the
     same handlers as after a plain clause's ``k.resume(v)``.  Awaited by
-    another task (``asyncio.create_task``, ``gather``, ``wait_for``), it runs
+    another task (``asyncio.create_task``, ``gather``; ``wait_for`` before
+    Python 3.12, which since awaits in the caller's own task), it runs
     on a fiber of its own driven by that task, under that task's handlers.
     Like the continuation it wraps, it is one-shot.
     """

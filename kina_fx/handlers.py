@@ -28,17 +28,16 @@ therefore run in constant stack, however many effects are performed.
 """
 from __future__ import annotations
 
-import gc
 import re
 import sys
 import threading
-import types
 from typing import (TYPE_CHECKING, Any, Callable, Concatenate, Generic, Iterable, Mapping, Optional,
                     ParamSpec, Tuple, TypeVar, Union)
 
 from . import fibers, tailcalls
 from .errors import Cancelled, ContinuationAlreadyResumed, Unhandled, ValidationError
 from .fibers import RAISED, RETURNED, Chain, check_owner, data_type, local, thread_token
+from .references import dying_with_traceback
 
 __all__ = ["Effect", "perform", "Handler", "Continuation", "fiber", "Stepper", "FORWARD",
            "push_handler", "pop_handler", "suspend_to_host", "thread_token", "check_owner"]
@@ -252,10 +251,10 @@ class Handler(data_type("HandlerData", ("on", "fun", "ret", "exc"))):
     def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` under this handler (deep; OCaml ``match_with``)."""
         try:
-            if not self.on and not _stack_is_deep():
+            if not self.on and not stack_is_deep():
                 return self._run_in_place(fn, args)
             chain = Chain(*(2 * (fibers.new_fiber(fn, args, self),)))
-            return _drive(chain, (False, None))
+            return _drive([chain, (False, None)])
         except TypeError as exc:
             _explain_clause_error(self, exc)
             raise
@@ -519,7 +518,10 @@ class Continuation(Chain, data_type("ContinuationData", ("shallow",), base=Chain
     def discontinue(self, exc: Union[BaseException, type]) -> T:
         """OCaml ``discontinue k exc``: raise ``exc`` at the perform site."""
         self._check(shallow=False)
-        return _resume_from(sys._getframe(1), self, (True, _as_exception(exc)))
+        # Passed on without a reference here (see _resume_from).
+        send = [(True, _as_exception(exc))]
+        exc = None
+        return _resume_from(sys._getframe(1), self, send.pop())
 
     def resume_with(self, value: R, handler: Handler) -> Any:
         """OCaml ``Effect.Shallow.continue_with k value handler``."""
@@ -531,7 +533,9 @@ class Continuation(Chain, data_type("ContinuationData", ("shallow",), base=Chain
         """OCaml ``Effect.Shallow.discontinue_with k exc handler``."""
         self._check(shallow=True)
         self._install(handler)
-        return _resume_from(sys._getframe(1), self, (True, _as_exception(exc)))
+        send = [(True, _as_exception(exc))]
+        exc = None
+        return _resume_from(sys._getframe(1), self, send.pop())
 
     def __reduce__(self):
         raise TypeError("a continuation cannot be pickled: it is a suspended stack, used once")
@@ -738,19 +742,18 @@ class _TailResume(data_type("TailResumeData", ("chain", "send"))):
         self.send = send
 
 
-def _drive_py(chain, send):
-    """Resume ``chain`` and run the clauses of whichever handlers it stops at.
+def _drive_py(step):
+    """Resume the chain of ``step``, a list ``[chain, send]`` that it empties,
+    and run the clauses of whichever handlers it stops at.
 
     Returns the handler's result: the return clause's, the exception clause's,
     or a control clause's.  A clause that resumes a continuation in tail
     position hands it back here instead of nesting (see _resume_from).
     """
-    # Each step's chain and send go to the switch and stay nowhere here (as in
-    # the compiled loop): a send may hold an exception that a discontinue
-    # raises in the body, which holds the frames it went through, and what
-    # they reference (the first ones stay referenced by the callers, as in C).
-    step = [chain, send]
-    del chain, send
+    # Each step's chain and send go to the switch with no reference left here
+    # or in the caller (as in the compiled loop): a send may hold an exception
+    # that a discontinue raises in the body, which holds the frames it goes
+    # through, and what they reference (see _resume_from).
     while True:
         kind, handler, payload = _switch_into(step.pop(0), step.pop())
         if kind is PERFORMED:
@@ -804,7 +807,7 @@ def _abort_unless_kept(box, handler, exc):
     k = box.pop()
     # References: ``k`` here and getrefcount's argument; when the clause raised,
     # the frames of the traceback (the clause's own arguments) do not count.
-    if sys.getrefcount(k) - _referenced_by_traceback(k, exc) > 2:
+    if sys.getrefcount(k) - dying_with_traceback(k, exc) > 2:
         return
     signal = fibers.Unwind("the handler returned without resuming: the body is aborted")
     try:
@@ -827,47 +830,6 @@ def _abort_unless_kept(box, handler, exc):
         signal.__traceback__ = None
 
 
-def _referenced_by_traceback(k, exc):
-    # How many references to k die with exc's traceback: those of its frames
-    # (a clause's argument), and those of objects that only such frames and
-    # such objects hold: a bound ``k.resume`` handed to a helper, a wrapper made
-    # for the clause (aio's AsyncContinuation, multishot's MultiContinuation),
-    # that wrapper's bound ``resume``.  An object is counted once every
-    # reference to it is accounted for, which is looked for a few levels down.
-    # The exception itself is no such object: ``raise Stop(k)`` keeps k.
-    if exc is None:
-        return 0
-    count = 0
-    level = []
-    tb = exc.__traceback__
-    while tb is not None:
-        level.append(tb.tb_frame)
-        tb = tb.tb_next
-    held = {}                       # id -> [object, references from the frames and dying holders]
-    scanned = set()
-    for _ in range(_HOLDER_LEVELS):
-        for holder in level:
-            for ref in gc.get_referents(holder):
-                if ref is k:
-                    count += 1
-                elif not isinstance(ref, _NOT_HOLDERS):
-                    held.setdefault(id(ref), [ref, 0])[1] += 1
-        holder = ref = None         # the loops' last values: not references to count
-        level = []
-        for key, entry in held.items():
-            # - the entry, - getrefcount's argument: what is left must all be accounted for
-            if key not in scanned and sys.getrefcount(entry[0]) - 2 == entry[1]:
-                scanned.add(key)
-                level.append(entry[0])
-        if not level:
-            break
-    return count
-
-
-_HOLDER_LEVELS = 8
-_NOT_HOLDERS = (types.FrameType, types.CodeType, types.ModuleType, BaseException)
-
-
 # The driver loop in use: the one above, or its compiled copy
 # (_speedups_c/round_trip.c's rt_drive).
 _drive = _drive_py if _speedups is None else _speedups.drive
@@ -879,9 +841,16 @@ def _resume_from(caller, k, send):
     if _returns_straight_to_driver(caller):
         return _TailResume(chain, send)
     del caller
-    if _stack_is_deep():
-        return _drive_on_fresh_stack(chain, send)
-    return _drive(chain, send)
+    # The driver gets chain and send in a list that it empties, with no
+    # reference left here: a send may hold an exception thrown into the body,
+    # whose traceback holds the frames it goes through, and what they
+    # reference (a clause's continuation would look kept, and not be aborted,
+    # while the resumed code runs).
+    step = [chain, send]
+    del chain, send
+    if stack_is_deep():
+        return _drive_on_fresh_stack(step)
+    return _drive(step)
 
 
 # A resume that is not in tail position nests: the clause waits on the
@@ -892,7 +861,7 @@ def _resume_from(caller, k, send):
 _HOP_DEPTH = 300
 
 
-def _stack_is_deep() -> bool:
+def _stack_is_deep_py() -> bool:
     try:
         sys._getframe(_HOP_DEPTH)
     except ValueError:
@@ -900,9 +869,17 @@ def _stack_is_deep() -> bool:
     return True
 
 
-def _drive_on_fresh_stack(chain, send):
-    helper = fibers.new_fiber(_drive, (chain, send))
-    del chain
+# The compiled check counts the C driver loops running on this fiber too, one
+# frame each, as this one counts _drive_py's frames.
+stack_is_deep = _stack_is_deep_py if _speedups is None else _speedups.stack_is_deep
+
+
+def on_fresh_stack(fn, *args):
+    """``fn(*args)`` on a fresh helper fiber, with a shallow Python stack of
+    its own: returns its result, or raises its exception.  Where a nested
+    run goes once stack_is_deep(): here, and kina_fx.multishot's replays."""
+    helper = fibers.new_fiber(fn, args)
+    del args
     kind, _, payload = _switch_into(Chain(helper, helper), (False, None))
     if kind is RAISED:
         try:
@@ -910,6 +887,11 @@ def _drive_on_fresh_stack(chain, send):
         finally:
             payload = None                  # no cycle through this frame (see _suspend_perform)
     return payload
+
+
+def _drive_on_fresh_stack(step):
+    # ``step`` ([chain, send]) goes on to the driver, which empties it.
+    return on_fresh_stack(_drive, step)
 
 
 # Tail-resume detection lives in kina_fx/tailcalls.py; the driver loop is the

@@ -48,18 +48,13 @@ nothing here touches their speed.
 from __future__ import annotations
 
 import copy
-import sys
 
 from . import fibers
 from .errors import ValidationError
-from .fibers import RAISED, Chain
-from .handlers import FORWARD, Effect, Handler, perform
+from .handlers import FORWARD, Effect, Handler, on_fresh_stack, perform, stack_is_deep
 
-__all__ = ["MultiHandler", "MultiContinuation", "ReplayDiverged", "under_multihandler"]
-
-# Past this many Python frames a replay starts on a fresh fiber, so that deep
-# searches (a shot inside a shot inside a shot...) cost heap, not RecursionError.
-_HOP_DEPTH = 300
+__all__ = ["MultiHandler", "MultiContinuation", "ReplayDiverged", "under_multihandler",
+           "perform_in_every_run"]
 
 
 class ReplayDiverged(ValidationError):
@@ -128,7 +123,13 @@ class MultiContinuation:
             exc = exc()
         if not isinstance(exc, BaseException):
             raise TypeError(f"discontinue needs an exception, not {exc!r}")
-        return self._shot((True, exc))
+        # Passed on with no reference left here, nor in _shot or a replay's
+        # script once used: while the run goes on, the exception's traceback
+        # holds the frames it goes through, and a continuation they reference
+        # would look kept (docs/effects.md, "Kept is kept").
+        send = [(True, exc)]
+        exc = None
+        return self._shot(send.pop())
 
     def _shot(self, send):
         self.shots += 1
@@ -136,12 +137,16 @@ class MultiContinuation:
         if live is not None:
             self._live = None
             if send[0]:
-                return live.discontinue(send[1])
+                box = [send[1]]
+                send = None
+                return live.discontinue(box.pop())
             return live.resume(send[1])
         script = _unroll(self._entry_at)
         script.append((self._effect, self._args, send))
-        run = self._run
-        return _Run(run.owner, run.fn, run.args, tuple(script)).start()
+        send = None
+        replay = _Run(self._run.owner, self._run.fn, self._run.args, script)
+        script = None
+        return replay.start()
 
     def __reduce__(self):
         raise TypeError("a continuation cannot be pickled")
@@ -198,9 +203,27 @@ class _Recorded:
     def get(self, effect, default=None):
         clause = self.clauses.get(effect)
         if clause is None:
+            if effect in _PERFORMED_BY_EVERY_RUN:
+                return default          # not recorded: the run's handler forwards it
             run = self.run
             clause = self.clauses[effect] = lambda *args: run.recorded(effect, args)
         return clause
+
+
+# Effects that every run performs itself, replays included (see perform_in_every_run).
+_PERFORMED_BY_EVERY_RUN = set()
+
+
+def perform_in_every_run(effect: Effect) -> None:
+    """Have ``effect`` performed by every run of a MultiHandler's body, replays
+    included, instead of answered from the record: for effects whose
+    arguments are objects the run itself makes, such as the futures that
+    code under :func:`kina_fx.aio.run` waits on (a replay makes new ones, and
+    must wait on those).  Such an effect is still forwarded outward by the
+    MultiHandler, each time."""
+    if not isinstance(effect, Effect):
+        raise TypeError(f"perform_in_every_run needs an Effect, not {effect!r}")
+    _PERFORMED_BY_EVERY_RUN.add(effect)
 
 
 class _Run:
@@ -212,15 +235,18 @@ class _Run:
         self.owner = owner
         self.fn = fn
         self.args = args
-        self.script = script            # entries (effect, args, send) to answer from
+        self.script = script            # entries (effect, args, send) to answer from (None once given)
         self.pos = 0                    # how many of them were answered
         self.log = None                 # this run's record so far (linked list)
 
     def start(self):
         handler = Handler(ret=self.returned, exc=self.raised)
         handler.on = _Table(self)
-        if _stack_is_deep():
-            return _on_fresh_stack(handler.run, self.body)
+        # Past handlers' hop depth a replay starts on a fresh fiber, so that
+        # deep searches (a shot inside a shot inside a shot...) cost heap,
+        # not RecursionError.
+        if stack_is_deep():
+            return on_fresh_stack(handler.run, self.body)
         return handler.run(self.body)
 
     def body(self):
@@ -252,12 +278,18 @@ class _Run:
                 f"replaying perform #{pos + 1}: the run performed {effect.name}{_show(args)} "
                 f"where the recorded run performed {recorded_effect.name}{_show(recorded_args)}")
         self.pos = pos + 1
+        self.script[pos] = None
         if send[0]:
-            exc = send[1]
-            self.log = (self.log, (effect, args, (True, _kept(exc))))
             # The shot's own answer (the last entry) is raised as the clause
-            # gave it; recorded ones as fresh copies (see _kept).
-            raise exc if pos == len(self.script) - 1 else _kept(exc)
+            # gave it; recorded ones as fresh copies (see _kept).  No frame
+            # keeps it: see MultiContinuation.discontinue.
+            exc = send[1] if pos == len(self.script) - 1 else _kept(send[1])
+            self.log = (self.log, (effect, args, (True, _kept(exc))))
+            send = None
+            try:
+                raise exc
+            finally:
+                exc = None
         self.log = (self.log, (effect, args, send))
         return send[1]
 
@@ -300,16 +332,19 @@ class _Run:
         return value if ret is None else ret(value)
 
     def raised(self, exc):
-        if isinstance(exc, ReplayDiverged):
-            raise exc
         try:
-            self._check_complete(f"raised {type(exc).__name__}")
-        except ReplayDiverged as diverged:
-            raise diverged from exc
-        handle = self.owner.exc
-        if handle is None:
-            raise exc
-        return handle(exc)
+            if isinstance(exc, ReplayDiverged):
+                raise exc
+            try:
+                self._check_complete(f"raised {type(exc).__name__}")
+            except ReplayDiverged as diverged:
+                raise diverged from exc
+            handle = self.owner.exc
+            if handle is None:
+                raise exc
+            return handle(exc)
+        finally:
+            exc = None              # no cycle through this frame (see handlers._suspend_perform)
 
     def _check_complete(self, how):
         if self.pos < len(self.script):
@@ -376,22 +411,6 @@ def _fingerprint(value, depth=0):
 def _show(args):
     text = repr(args if len(args) != 1 else args[0])
     return f"({text[:60] + '...' if len(text) > 60 else text})"
-
-
-def _stack_is_deep() -> bool:
-    try:
-        sys._getframe(_HOP_DEPTH)
-    except ValueError:
-        return False
-    return True
-
-
-def _on_fresh_stack(fn, *args):
-    helper = fibers.new_fiber(fn, args)
-    kind, _, payload = fibers.switch_into(Chain(helper, helper), (False, None))
-    if kind is RAISED:
-        raise payload
-    return payload
 
 
 def under_multihandler() -> bool:

@@ -196,15 +196,7 @@ after_c_call(PyObject *st, PyObject *clause, PyObject *skip, uint64_t token, int
         popped_ok = kfx_pop_materialized(token) == 0;
     if (!popped_ok) {
         Py_XDECREF(result);
-        if (pending != NULL) {
-            PyObject *exc = exc_save();
-            if (exc != NULL) {
-                PyException_SetContext(exc, pending);
-                exc_restore(exc);
-            }
-            else
-                exc_restore(pending);
-        }
+        kfx_raise_in_context(pending);
         *status = kfx_report_exception();
         return KINA_FAST_DONE;
     }
@@ -408,13 +400,9 @@ perform_loop(PyObject *st, PyObject *f, Py_ssize_t i, PyObject *effect, int32_t 
             Py_CLEAR(clause);
             goto general;                /* perform_at finds it again and calls it */
         }
-        PyObject *skip = new_skip(f, i);
+        PyObject *skip = push_skip(st, f, i);
         if (skip == NULL)
             goto error;
-        if (push_marker(st, skip) < 0) {
-            Py_DECREF(skip);
-            goto error;
-        }
         int64_t buf[FAST_MAX_ARGS] = {0};  /* what the Python clause passes: 16 slots */
         for (int32_t k = 0; k < n; k++)
             buf[k] = args[k];
@@ -425,6 +413,9 @@ perform_loop(PyObject *st, PyObject *f, Py_ssize_t i, PyObject *effect, int32_t 
         rc = ((c_handler_fn)fn)(ctx, (int32_t)eid, buf, n, &answer);
         *errno_out = errno;              /* the host sees errno as the handler left it */
         Py_END_ALLOW_THREADS
+        /* Same shape as kina_fast_perform's end of a nogil.c call on purpose:
+         * the ownership is the same, but a decline at the end of the chain
+         * goes to the general path here, and is unhandled there. */
         int go_on = 0;
         int done = after_c_call(st, clause, skip, 0, rc, answer, args, n, effect, out, status, &go_on);
         Py_CLEAR(clause);

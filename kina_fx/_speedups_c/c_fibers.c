@@ -405,10 +405,7 @@ fast_resume_fiber(uint64_t handle, int64_t value, int32_t *out_state, int32_t *s
         *status = report_exception();
     else if (now == ST_FAILED) {     /* _report: raise stepper.error */
         PyObject *err = Py_XNewRef(s->error);
-        if (err != NULL && PyExceptionInstance_Check(err))
-            PyErr_SetObject((PyObject *)Py_TYPE(err), err);
-        else
-            PyErr_SetString(PyExc_TypeError, "exceptions must derive from BaseException");
+        kfx_raise(err != NULL ? err : Py_None);
         Py_XDECREF(err);
         *status = report_exception();
     }

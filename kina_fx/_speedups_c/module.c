@@ -57,6 +57,7 @@ static PyObject *o_max_frames, *o_hop_depth;       /* ints, read into C below */
 
 #define DATA(module, name, into, type) {module, name, (PyObject **)(into), CLASS, type}
 
+/* A table: its rows repeat one shape on purpose (one a collaborator). */
 static const collaborator collaborators[] = {
     {"greenlet", "GreenletExit", &g_gexit, EXCEPTION, NULL},
     {"kina_fx.errors", "Unhandled", &g_unhandled, EXCEPTION, NULL},

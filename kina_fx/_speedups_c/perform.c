@@ -436,10 +436,7 @@ unhandled(PyObject *effect, PyObject *const *args, Py_ssize_t n)
     Py_DECREF(payload);
     if (exc == NULL)
         return NULL;
-    if (PyExceptionInstance_Check(exc))
-        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-    else
-        PyErr_SetString(PyExc_TypeError, "exceptions must derive from BaseException");
+    kfx_raise(exc);
     Py_DECREF(exc);
     return NULL;
 }
@@ -449,14 +446,9 @@ unhandled(PyObject *effect, PyObject *const *args, Py_ssize_t n)
 PyObject *
 suspend_py(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, PyObject *h)
 {
-    PyObject *found = PyList_New(2);
-    if (found == NULL) {
-        Py_DECREF(f);
-        Py_DECREF(h);
+    PyObject *found = kfx_list2(f, h);
+    if (found == NULL)
         return NULL;
-    }
-    PyList_SET_ITEM(found, 0, f);
-    PyList_SET_ITEM(found, 1, h);
     PyObject *payload = args_tuple(args, n);
     if (payload == NULL) {
         Py_DECREF(found);
@@ -652,15 +644,9 @@ search:
 
     /* A tail-resumptive clause: run it here, outside its own handler.  ``f``
      * and ``i`` stay: a clause returning FORWARD resumes the search below. */
-    PyObject *skip = new_skip(f, i);
+    PyObject *skip = push_skip(st, f, i);
     if (skip == NULL)
         goto error;
-    /* We keep our reference to ``skip`` until it is removed: a clause may take
-     * it off the stack itself, and the identity must stay valid. */
-    if (push_marker(st, skip) < 0) {
-        Py_DECREF(skip);
-        goto error;
-    }
     PyObject *result = PyObject_Vectorcall(clause, cargs, n, NULL);
     Py_CLEAR(clause);
     if (result != NULL && Py_TYPE(result) == g_tail_t) {
@@ -686,15 +672,7 @@ search:
         Py_DECREF(st);
         Py_DECREF(f);
         Py_XDECREF(result);
-        if (pending != NULL) {
-            PyObject *exc = exc_save();
-            if (exc != NULL) {
-                PyException_SetContext(exc, pending);
-                exc_restore(exc);
-            }
-            else
-                exc_restore(pending);
-        }
+        kfx_raise_in_context(pending);
         return NULL;
     }
     if (pending != NULL) {

@@ -233,7 +233,7 @@ new_tail_resume(PyObject *chain, PyObject *send)
 }
 
 /* Drop the driver's reference to a _TailResume whose fields it took. */
-static void
+static inline void
 release_tail_resume(PyObject *tr)
 {
     if (Py_REFCNT(tr) == 1 && Py_TYPE(tr) == g_tail_t && tails_cached < CHAIN_CACHE) {
@@ -261,14 +261,8 @@ rt_answer(PyObject *send)
     kfx_release_tuple(send);
     if (raise == 0)
         return v;
-    if (raise > 0) {
-        if (PyExceptionInstance_Check(v))
-            PyErr_SetObject((PyObject *)Py_TYPE(v), v);
-        else if (PyExceptionClass_Check(v))
-            PyErr_SetNone(v);
-        else
-            PyErr_SetString(PyExc_TypeError, "exceptions must derive from BaseException");
-    }
+    if (raise > 0)
+        kfx_raise(v);
     Py_DECREF(v);
     return NULL;
 }
@@ -427,15 +421,7 @@ PyDoc_STRVAR(switch_into_doc,
 "Compiled kina_fx.fibers.switch_into: resume ``chain`` from the running fiber;\n"
 "return the message sent back.");
 
-static PyObject *
-switch_into(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "switch_into(chain, send) takes 2 arguments");
-        return NULL;
-    }
-    return rt_switch_into(args[0], args[1]);
-}
+KFX_FASTCALL2(switch_into, rt_switch_into)
 
 /* Continuation.resume(self, value=None), then handlers._resume_from. */
 static PyObject *
@@ -596,13 +582,16 @@ abort_unless_kept(PyObject **k, PyObject *handler, PyObject **result)
 }
 
 /* handlers._drive_py's loop.  Call it through drive_from_here, never
- * directly: the tail check must know it runs.  The chains and sends of tail
- * resumes are dropped as soon as the switch has taken them. */
-static PyObject *
+ * directly: the tail check must know it runs.  Steals chain and send: the
+ * first ones are handed over by drive() out of the list it empties (as
+ * _drive_py empties its own) or by kfx_nest_drive, and those of tail resumes
+ * are dropped as soon as the switch has taken them.  (A send may hold an
+ * exception thrown into the body, whose traceback holds the frames it goes
+ * through and what they reference: a clause's continuation would look kept,
+ * and not be aborted.)  Inlined into its callers, as drive_from_here is. */
+static inline __attribute__((always_inline)) PyObject *
 rt_drive(PyObject *chain, PyObject *send)
 {
-    Py_INCREF(chain);
-    Py_INCREF(send);
     for (;;) {
         PyObject *msg = kfx_switch_into_stealing(chain, send);
         kfx_release_chain(chain);
@@ -652,38 +641,27 @@ rt_drive(PyObject *chain, PyObject *send)
                 }
                 Py_DECREF(clause);
             }
-            if (abort_unless_kept(&k, handler, &result) < 0)
+            /* The usual case, k used, needs no call. */
+            int used = Py_TYPE(k) == g_cont_t && SLOT(k, off_top) == Py_None;
+            if (!used && abort_unless_kept(&k, handler, &result) < 0)
                 result = NULL;
             Py_DECREF(handler);
             Py_DECREF(args);
             Py_XDECREF(k);
         }
-        else if (kind == g_returned) {
+        else if (kind == g_returned || kind == g_raised) {
+            /* the return clause (none: the value), or the exception clause
+             * (none, or not an Exception: raised on) */
+            int raised = kind == g_raised;
             Py_DECREF(msg);
-            PyObject *ret = PyObject_GetAttr(handler, s_ret);
+            PyObject *clause = PyObject_GetAttr(handler, raised ? s_exc : s_ret);
             Py_DECREF(handler);
-            if (ret == Py_None)
-                result = Py_NewRef(payload);
-            else if (ret != NULL)
-                result = PyObject_CallOneArg(ret, payload);
-            Py_XDECREF(ret);
-            Py_DECREF(payload);
-        }
-        else if (kind == g_raised) {
-            Py_DECREF(msg);
-            PyObject *exc = PyObject_GetAttr(handler, s_exc);
-            Py_DECREF(handler);
-            if (exc != NULL) {
-                if (exc == Py_None || !PyObject_TypeCheck(payload, (PyTypeObject *)PyExc_Exception)) {
-                    if (PyExceptionInstance_Check(payload))
-                        PyErr_SetObject((PyObject *)Py_TYPE(payload), payload);
-                    else
-                        PyErr_SetString(PyExc_TypeError, "exceptions must derive from BaseException");
-                }
-                else
-                    result = PyObject_CallOneArg(exc, payload);
-                Py_DECREF(exc);
-            }
+            if (clause == Py_None ||
+                    (raised && clause != NULL && !PyObject_TypeCheck(payload, (PyTypeObject *)PyExc_Exception)))
+                result = raised ? kfx_raise(payload) : Py_NewRef(payload);
+            else if (clause != NULL)
+                result = PyObject_CallOneArg(clause, payload);
+            Py_XDECREF(clause);
             Py_DECREF(payload);
         }
         else {
@@ -723,34 +701,39 @@ rt_drive(PyObject *chain, PyObject *send)
  * execution, stopped in the call of the loop, keeps it alive meanwhile, and
  * it is only ever compared. */
 
-int
-kfx_drives_from(PyObject *frame)
-{
-    return kfx_current != NULL && frame != NULL && kfx_current->driver_frame == frame;
-}
-
 /* rt_drive, with the frame of its caller as this fiber's driver frame while
- * it runs (no Python caller: no frame; its clauses' resumes then nest). */
-static PyObject *
+ * it runs (no Python caller: no frame; its clauses' resumes then nest).
+ * Steals chain and send, as rt_drive does.  Inlined: one C frame less on the
+ * stack greenlet saves at each switch. */
+static inline __attribute__((always_inline)) PyObject *
 drive_from_here(PyObject *chain, PyObject *send)
 {
     KFiber *fiber = kfx_current;
     PyObject *frame = (PyObject *)PyEval_GetFrame();      /* borrowed */
-    if (frame == NULL && PyErr_Occurred())
+    if (frame == NULL && PyErr_Occurred()) {
+        Py_DECREF(chain);
+        Py_DECREF(send);
         return NULL;
+    }
     if (fiber == NULL)
         return rt_drive(chain, send);
     Py_INCREF(fiber);
     PyObject *outer = fiber->driver_frame;
     fiber->driver_frame = frame;
+    fiber->drivers++;
     PyObject *r = rt_drive(chain, send);
+    fiber->drivers--;
     fiber->driver_frame = outer;
     Py_DECREF(fiber);
     return r;
 }
 
-/* handlers._stack_is_deep: the Python stack of this greenlet is deeper than
- * _HOP_DEPTH frames, as the thread state counts calls. */
+/* handlers._stack_is_deep_py: the stack of this greenlet is deeper than
+ * _HOP_DEPTH frames.  The Python frames as the thread state counts calls,
+ * and the C driver loops running on this fiber, one frame each: where the
+ * reference has a frame of _drive_py, so that deep chains of non-tail
+ * resumes hop to a fresh stack as often (the C stack that every greenlet
+ * switch copies stays as short). */
 static int
 stack_is_deep(void)
 {
@@ -762,41 +745,62 @@ stack_is_deep(void)
 #else
     int depth = ts->recursion_depth;
 #endif
+    if (kfx_current != NULL)
+        depth += kfx_current->drivers;
     return depth > g_hop_depth;
 }
 
+PyDoc_STRVAR(stack_is_deep_doc,
+"stack_is_deep($module, /)\n--\n\n"
+"Compiled kina_fx.handlers._stack_is_deep_py, counting each C driver loop\n"
+"running on this fiber as the frame of _drive_py it stands for.");
+
+static PyObject *
+stack_is_deep_fn(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+{
+    if (!KFX_READY())
+        return NULL;
+    return Py_NewRef(stack_is_deep() ? Py_True : Py_False);
+}
+
 /* A resume not in tail position nests a driver loop here (handlers._resume_from):
- * past _HOP_DEPTH frames on a fresh helper fiber (handlers._drive_on_fresh_stack). */
+ * past _HOP_DEPTH frames on a fresh helper fiber (handlers._drive_on_fresh_stack,
+ * given [chain, send] to empty as the driver loop does).  Steals chain and send. */
 PyObject *
 kfx_nest_drive(PyObject *chain, PyObject *send)
 {
-    PyObject *r;
-    if (stack_is_deep()) {
-        PyObject *call[2] = {chain, send};
-        r = PyObject_Vectorcall(g_drive_fresh, call, 2, NULL);
-    }
-    else
-        r = drive_from_here(chain, send);
-    kfx_release_chain(chain);
-    Py_DECREF(send);
+    if (!stack_is_deep())
+        return drive_from_here(chain, send);
+    PyObject *step = kfx_list2(chain, send);
+    if (step == NULL)
+        return NULL;
+    PyObject *r = PyObject_CallOneArg(g_drive_fresh, step);
+    Py_DECREF(step);
     return r;
 }
 
 PyDoc_STRVAR(drive_doc,
-"drive($module, chain, send, /)\n--\n\n"
-"Compiled kina_fx.handlers._drive_py: resume ``chain`` and run the clauses of\n"
-"whichever handlers it stops at; return the handler's result.");
+"drive($module, step, /)\n--\n\n"
+"Compiled kina_fx.handlers._drive_py: resume the chain of ``step``, a list\n"
+"[chain, send] that it empties, and run the clauses of whichever handlers it\n"
+"stops at; return the handler's result.");
 
 static PyObject *
-drive(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+drive(PyObject *Py_UNUSED(module), PyObject *step)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "drive(chain, send) takes 2 arguments");
+    if (!PyList_CheckExact(step) || PyList_GET_SIZE(step) != 2) {
+        PyErr_SetString(PyExc_TypeError, "drive() takes a list [chain, send]");
         return NULL;
     }
     if (!KFX_READY())
         return NULL;
-    return drive_from_here(args[0], args[1]);
+    /* The list's references taken over and the list left empty, without a
+     * call (its two slots stay allocated until it goes, as a list may have
+     * more room than items): no reference stays with the caller (see
+     * rt_drive). */
+    PyObject *chain = PyList_GET_ITEM(step, 0), *send = PyList_GET_ITEM(step, 1);
+    Py_SET_SIZE(step, 0);
+    return drive_from_here(chain, send);
 }
 
 /* Continuation.__del__ as ContinuationData's tp_finalize (the reference is
@@ -825,6 +829,7 @@ kfx_continuation_finalize(PyObject *self)
 
 PyMethodDef kfx_round_trip_methods[] = {
     {"switch_into", (PyCFunction)(void (*)(void))switch_into, METH_FASTCALL, switch_into_doc},
-    {"drive", (PyCFunction)(void (*)(void))drive, METH_FASTCALL, drive_doc},
+    {"drive", drive, METH_O, drive_doc},
+    {"stack_is_deep", stack_is_deep_fn, METH_NOARGS, stack_is_deep_doc},
     {NULL, NULL, 0, NULL},
 };

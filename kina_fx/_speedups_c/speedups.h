@@ -61,6 +61,7 @@ typedef struct {
     /* The frame the innermost C driver loop running on this fiber was called
      * from (round_trip.c), or NULL: borrowed, only ever compared. */
     PyObject *driver_frame;
+    int drivers;                        /* C driver loops running on this fiber */
 } KFiber;
 
 typedef struct {
@@ -165,6 +166,8 @@ extern int kfx_c_abi_on;           /* the C ABI's fast paths are on             
 int kfx_import_collaborators(void);
 #define KFX_READY() (kfx_ready || kfx_import_collaborators() == 0)
 
+/* Repeated on purpose, one line a collaborator, each saying what it holds:
+ * the declarations of module.c's table (which fills them) for every file. */
 extern PyObject *g_local;          /* fibers.local (a threading.local)          */
 extern PyTypeObject *g_fiber_t;    /* fibers.Fiber                              */
 extern PyTypeObject *g_tstate_t;   /* fibers.ThreadState                        */
@@ -280,6 +283,32 @@ get_handler_attr(PyObject *h, PyObject *descr, Py_ssize_t off, PyObject *name)
     return PyObject_GetAttr(h, name);
 }
 
+/* [a, b]: a new list that steals both references (released if it fails). */
+static inline PyObject *
+kfx_list2(PyObject *a, PyObject *b)
+{
+    PyObject *list = PyList_New(2);
+    if (list == NULL) {
+        Py_DECREF(a);
+        Py_DECREF(b);
+        return NULL;
+    }
+    PyList_SET_ITEM(list, 0, a);
+    PyList_SET_ITEM(list, 1, b);
+    return list;
+}
+
+/* A module function of exactly two positional arguments (METH_FASTCALL, no
+ * argument tuple): ``name(a, b)`` returns ``impl(a, b)``. */
+#define KFX_FASTCALL2(name, impl)                                                              \
+    static PyObject *                                                                        \
+    name(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)               \
+    {                                                                                        \
+        if (nargs != 2)                                                                      \
+            return PyErr_Format(PyExc_TypeError, #name "() takes 2 arguments (%zd given)", nargs); \
+        return impl(args[0], args[1]);                                                       \
+    }
+
 /* ---- exceptions ---------------------------------------------------------------- */
 
 #if PY_VERSION_HEX >= 0x030C0000
@@ -310,6 +339,37 @@ exc_restore(PyObject *exc)          /* NULL: nothing to restore (as 3.12's) */
 }
 #endif
 
+/* Python's ``raise v``: an exception instance or class is set, anything else
+ * is the TypeError Python raises.  Always NULL, for ``return kfx_raise(v)``. */
+static inline PyObject *
+kfx_raise(PyObject *v)
+{
+    if (PyExceptionInstance_Check(v))
+        PyErr_SetObject((PyObject *)Py_TYPE(v), v);
+    else if (PyExceptionClass_Check(v))
+        PyErr_SetNone(v);
+    else
+        PyErr_SetString(PyExc_TypeError, "exceptions must derive from BaseException");
+    return NULL;
+}
+
+/* The end of a ``finally`` that raised while ``pending`` (stolen; NULL: none)
+ * was propagating: as in Python, the new exception gets ``pending`` as its
+ * __context__; with no new exception set, ``pending`` is raised again. */
+static inline void
+kfx_raise_in_context(PyObject *pending)
+{
+    if (pending == NULL)
+        return;
+    PyObject *exc = exc_save();
+    if (exc != NULL) {
+        PyException_SetContext(exc, pending);
+        exc_restore(exc);
+    }
+    else
+        exc_restore(pending);
+}
+
 
 /* ---- perform.c ------------------------------------------------------ */
 
@@ -320,6 +380,19 @@ PyObject *thread_state(void);
 int top_index(PyObject *f, Py_ssize_t *i);
 PyObject *new_skip(PyObject *f, Py_ssize_t i);
 int push_marker(PyObject *st, PyObject *skip);
+/* A new ``_Skip(f, i)`` pushed on ``st.current.stack`` (push_marker): the
+ * marker a clause run in place of its handler needs.  Returns our reference
+ * (kept until pop_marker has removed it: a clause may take it off the stack
+ * itself, and the identity must stay valid), or NULL with an exception.
+ * Inline: the ``fun`` perform's hot path. */
+static inline PyObject *
+push_skip(PyObject *st, PyObject *f, Py_ssize_t i)
+{
+    PyObject *skip = new_skip(f, i);
+    if (skip != NULL && push_marker(st, skip) < 0)
+        Py_CLEAR(skip);
+    return skip;
+}
 PyObject *pop_marker(PyObject *st, PyObject *marker);
 void release_entry(PyObject *item);
 PyObject *args_tuple(PyObject *const *args, Py_ssize_t n);
@@ -416,8 +489,13 @@ int kfx_init_round_trip(void);
  * or past handlers._HOP_DEPTH frames handlers._drive_on_fresh_stack).
  * Steals chain and send. */
 PyObject *kfx_nest_drive(PyObject *chain, PyObject *send);
-/* Is ``frame`` the caller of a C driver loop that is running (1 / 0)? */
-int kfx_drives_from(PyObject *frame);
+/* Is ``frame`` the one the innermost C driver loop of the running fiber was
+ * called from (1 / 0)?  (round_trip.c says why that is the driver's frame.) */
+static inline int
+kfx_drives_from(PyObject *frame)
+{
+    return kfx_current != NULL && frame != NULL && kfx_current->driver_frame == frame;
+}
 extern PyTypeObject *g_chain_t, *g_cont_t;
 extern PyObject *g_performed, *g_returned, *g_raised;
 extern PyMethodDef kfx_round_trip_methods[];

@@ -266,20 +266,7 @@ static PyGetSetDef stepper_getset[] = {
     }
 
 #define DATA_TYPE(var, name, ctype, members, weak, base)                                     \
-    PyTypeObject var = {                                                                     \
-        PyVarObject_HEAD_INIT(NULL, 0)                                                       \
-        .tp_name = "kina_fx._speedups." name,                                                \
-        .tp_basicsize = sizeof(ctype),                                                       \
-        .tp_dealloc = kfx_data_dealloc,                                                      \
-        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,            \
-        .tp_doc = "The fields of a kina_fx type (kina_fx._speedups owns them: types.c).", \
-        .tp_traverse = data_traverse,                                                        \
-        .tp_clear = data_clear,                                                              \
-        .tp_weaklistoffset = (weak),                                                         \
-        .tp_members = members,                                                               \
-        .tp_base = (base),                                                                   \
-        .tp_new = PyType_GenericNew,                                                         \
-    }
+    DATA_TYPE_GS(var, name, ctype, members, NULL, weak, base)
 
 DATA_TYPE(KFiber_Type, "FiberData", KFiber, fiber_members, offsetof(KFiber, weakreflist), NULL);
 DATA_TYPE_GS(KThreadState_Type, "ThreadStateData", KThreadState, tstate_members, tstate_getset,

@@ -164,7 +164,11 @@ def test_tail_check_agrees_with_python_on_the_effects_suites():
     # Every tail-resume check of the effects suites answered by the compiled
     # check and by tailcalls.returns_straight_to over the same driver frames
     # (tests/support/tail_crosscheck.py, turned on by KINA_FX_TAIL_CROSSCHECK).
-    env = dict(os.environ, KINA_FX_TAIL_CROSSCHECK="1", KINA_FX_TEST_IMPL="compiled")
+    # Without the variables of tests/support/implementations.py: run in the
+    # child pytest process of a KINA_FX_PURE_PYTHON=1 session, this one would
+    # otherwise empty that child's report file and take its selection.
+    env = {name: value for name, value in os.environ.items() if not name.startswith("KINA_FX_TEST_")}
+    env.update(KINA_FX_TAIL_CROSSCHECK="1", KINA_FX_TEST_IMPL="compiled")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
          "tests/effects/test_effects.py", "tests/effects/ocaml"],
@@ -623,6 +627,24 @@ def test_tail_resumes_stay_tail_resumes_once_the_call_is_specialized(monkeypatch
         return "done"
     assert Handler(on={E: lambda k, x: k.resume(x)}).run(body) == "done"
     assert len(made) == 1                    # the body's own fiber, nothing else
+
+
+def test_nested_resumes_hop_to_a_fresh_stack_at_least_every_half_hop_depth(monkeypatch):
+    # Each nested (non-tail) resume adds a clause frame and a driver loop to
+    # the stack: the C loop, which has no frame, counts as one, as the
+    # reference's _drive_py frame does.  Counted less, the C stack that every
+    # greenlet switch copies grew twice as deep between hops.
+    made = []
+    new_fiber = fibers.new_fiber
+    monkeypatch.setattr(fibers, "new_fiber", lambda *a, **kw: made.append(a) or new_fiber(*a, **kw))
+    n = 3000
+
+    def body():
+        for i in range(n):
+            handlers.perform(E, i)
+        return 0
+    assert Handler(on={E: lambda k, x: k.resume(x) + 1}).run(body) == n
+    assert len(made) - 1 >= n // (handlers._HOP_DEPTH // 2), len(made)   # - the body's own fiber
 
 
 def test_resume_cases_the_compiled_method_hands_to_the_python_one():
