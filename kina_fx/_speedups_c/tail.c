@@ -52,10 +52,12 @@ frame_lasti(PyFrameObject *frame)
 #endif
 }
 
+#if PY_VERSION_HEX >= 0x030B0000
 /* The first frame's (code, f_lasti) of the last check whose first link was
- * a resume call (see straight_to_driver). */
+ * a resume call (see straight_to_driver; 3.11+, where PyFrame_GetLasti is cheap). */
 static PyObject *first_code;
 static int first_lasti = -1;
+#endif
 
 /* 1 / 0 / -1 (error) */
 int

@@ -78,12 +78,25 @@ _UFUNC_DEFAULTS = {"where": True, "casting": "same_kind", "order": "K", "dtype":
                    "subok": True, "signature": None}
 
 
+#: Stand-ins with the signatures NumPy >= 2.3 gives these builtins; NumPy 2.2
+#: (the last for Python 3.10) gives none, and without one a positional argument
+#: would reach the rule by position (``np.concatenate(ts, 1, None)``'s ``None``
+#: is ``out``, not the rule's third parameter).
+_BUILTIN_SIGNATURES = {
+    np.where: lambda condition, x=None, y=None, /: None,
+    np.concatenate: lambda arrays, /, axis=0, out=None, *, dtype=None, casting="same_kind": None,
+    np.dot: lambda a, b, out=None: None,
+    np.inner: lambda a, b, /: None,
+}
+
+
 @functools.lru_cache(maxsize=None)
 def _signature(fn):
     try:
         return inspect.signature(fn)
-    except (TypeError, ValueError):     # ufuncs and builtins without one
-        return None
+    except (TypeError, ValueError):     # ufuncs, and builtins without one
+        stand_in = _BUILTIN_SIGNATURES.get(fn)
+        return None if stand_in is None else inspect.signature(stand_in)
 
 
 def _is_default(value, default):

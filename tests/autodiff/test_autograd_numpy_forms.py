@@ -8,6 +8,8 @@ every value is compared with NumPy's on the untraced arguments and every
 gradient with central differences of NumPy's function.  The generated check
 over the whole NumPy mapping is test_autograd_traced_equals_untraced.py.
 """
+import inspect
+
 import numpy as np
 import pytest
 
@@ -108,7 +110,8 @@ def test_positional_arguments_mean_what_they_mean_in_numpy():
 
 
 def test_keyword_forms_and_defaults_numpy_documents():
-    check(lambda x: np.take_along_axis(x, np.array([[2, 0], [1, 1]])), A)   # axis=-1
+    if inspect.signature(np.take_along_axis).parameters["axis"].default == -1:   # NumPy >= 2.3
+        check(lambda x: np.take_along_axis(x, np.array([[2, 0], [1, 1]])), A)
     check(lambda x: np.clip(x, min=-0.5, max=0.5), A)
     check(lambda x: np.clip(x, max=0.5), A)
     check(lambda x: np.reshape(x, shape=(3, 2), order="C", copy=None), A)
