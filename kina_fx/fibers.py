@@ -42,8 +42,8 @@ from greenlet import GreenletExit, getcurrent, greenlet
 
 from .errors import InternalError, Status, WrongThread
 
-__all__ = ["Fiber", "Chain", "Unwind", "current", "new_fiber", "switch_into", "post",
-           "suspend", "unwind", "check_owner", "thread_token", "data_type", "speedups",
+__all__ = ["Fiber", "Chain", "Unwind", "current", "new_fiber", "switch_into", "switch_into_step",
+           "post", "suspend", "unwind", "check_owner", "thread_token", "data_type", "speedups",
            "RETURNED", "RAISED"]
 
 # Kinds of message a fiber sends to the fiber that resumed it when it stops.
@@ -254,6 +254,19 @@ def check_owner(owned: Any, what: str = "fiber") -> None:
 
 def switch_into(chain: Chain, send: Tuple[bool, Any]) -> Any:
     """Resume ``chain`` from the running fiber; return the message sent back to us."""
+    step = [chain, send]
+    del chain, send
+    return switch_into_step(step)
+
+
+def switch_into_step(step: list) -> Any:
+    """``switch_into(chain, send)`` for ``step = [chain, send]``, which it empties.
+
+    The driver loop's form: on Python 3.10 a caller's value stack keeps the
+    arguments of a call until it returns, so ``send`` passed as an argument
+    (an exception thrown into the body, whose traceback holds the frames it
+    goes through) would stay referenced while the resumed code runs."""
+    chain, send = step.pop(0), step.pop()
     st = local.state
     if st.dropped:
         _unwind_dropped(st)

@@ -521,7 +521,7 @@ class Continuation(Chain, data_type("ContinuationData", ("shallow",), base=Chain
         # Passed on without a reference here (see _resume_from).
         send = [(True, _as_exception(exc))]
         exc = None
-        return _resume_from(sys._getframe(1), self, send.pop())
+        return _resume_from(sys._getframe(1), self, send)
 
     def resume_with(self, value: R, handler: Handler) -> Any:
         """OCaml ``Effect.Shallow.continue_with k value handler``."""
@@ -535,7 +535,7 @@ class Continuation(Chain, data_type("ContinuationData", ("shallow",), base=Chain
         self._install(handler)
         send = [(True, _as_exception(exc))]
         exc = None
-        return _resume_from(sys._getframe(1), self, send.pop())
+        return _resume_from(sys._getframe(1), self, send)
 
     def __reduce__(self):
         raise TypeError("a continuation cannot be pickled: it is a suspended stack, used once")
@@ -732,6 +732,15 @@ class Stepper(data_type("StepperData", ("_handler", "_chain", "state", "effect",
 _switch_into = fibers.switch_into if _speedups is None else _speedups.switch_into
 
 
+def _switch_into_compiled_step(step):
+    return _speedups.switch_into(step.pop(0), step.pop())
+
+
+# The driver loop's form, taking [chain, send] in a list it empties (see
+# fibers.switch_into_step); only _drive_py uses it, the compiled loop has its own.
+_switch_into_step = fibers.switch_into_step if _speedups is None else _switch_into_compiled_step
+
+
 class _TailResume(data_type("TailResumeData", ("chain", "send"))):
     """Handed back by a resume in tail position to the driver that called the clause."""
 
@@ -755,7 +764,7 @@ def _drive_py(step):
     # that a discontinue raises in the body, which holds the frames it goes
     # through, and what they reference (see _resume_from).
     while True:
-        kind, handler, payload = _switch_into(step.pop(0), step.pop())
+        kind, handler, payload = _switch_into_step(step)
         if kind is PERFORMED:
             effect, args, k = payload
             del payload
@@ -835,7 +844,23 @@ def _abort_unless_kept(box, handler, exc):
 _drive = _drive_py if _speedups is None else _speedups.drive
 
 
+def discontinue_taking(k: Continuation, box: list) -> Any:
+    """``k.discontinue(box.pop())``, for a caller holding the exception only in
+    ``box``: nothing of the caller's keeps it while the body runs (on Python
+    3.10 a call's arguments stay on the caller's value stack until it
+    returns; the exception's traceback holds the frames it goes through)."""
+    k._check(shallow=False)
+    send = [(True, _as_exception(box.pop()))]
+    return _resume_from(sys._getframe(1), k, send)
+
+
 def _resume_from(caller, k, send):
+    # ``send``: the (is_exception, value) pair, or (discontinue) a one-item
+    # list holding it, emptied here: on Python 3.10 a caller's value stack
+    # keeps a call's arguments until it returns, so a pair passed directly
+    # would stay referenced by discontinue's frame while the body runs.
+    if send.__class__ is list:
+        send = send.pop()
     chain = Chain(k.top, k.base)
     k.top = k.base = None
     if _returns_straight_to_driver(caller):

@@ -51,7 +51,8 @@ import copy
 
 from . import fibers
 from .errors import ValidationError
-from .handlers import FORWARD, Effect, Handler, on_fresh_stack, perform, stack_is_deep
+from .handlers import (FORWARD, Effect, Handler, discontinue_taking, on_fresh_stack, perform,
+                       stack_is_deep)
 
 __all__ = ["MultiHandler", "MultiContinuation", "ReplayDiverged", "under_multihandler",
            "perform_in_every_run"]
@@ -127,11 +128,15 @@ class MultiContinuation:
         # script once used: while the run goes on, the exception's traceback
         # holds the frames it goes through, and a continuation they reference
         # would look kept (docs/effects.md, "Kept is kept").
+        # (In one-item lists, emptied by the callee: on Python 3.10 a caller's
+        # value stack keeps a call's arguments until it returns.)
         send = [(True, exc)]
         exc = None
-        return self._shot(send.pop())
+        return self._shot(send)
 
     def _shot(self, send):
+        if send.__class__ is list:
+            send = send.pop()
         self.shots += 1
         live = self._live
         if live is not None:
@@ -139,7 +144,7 @@ class MultiContinuation:
             if send[0]:
                 box = [send[1]]
                 send = None
-                return live.discontinue(box.pop())
+                return discontinue_taking(live, box)
             return live.resume(send[1])
         script = _unroll(self._entry_at)
         script.append((self._effect, self._args, send))

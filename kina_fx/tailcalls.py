@@ -19,7 +19,10 @@ from __future__ import annotations
 import dis
 
 MAX_TAIL_FRAMES = 16
-RESUME_NAMES = frozenset({"resume", "discontinue", "resume_with", "discontinue_with"})
+# (discontinue_taking: handlers' discontinue for a caller that holds the
+# exception only in a list, multishot's first shot.)
+RESUME_NAMES = frozenset({"resume", "discontinue", "resume_with", "discontinue_with",
+                          "discontinue_taking"})
 _CALL_OPS = frozenset({"CALL", "CALL_FUNCTION", "CALL_METHOD", "CALL_FUNCTION_KW", "CALL_KW"})
 _NAME_LOADS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_CLASSDEREF"})
 _ATTR_LOADS = frozenset({"LOAD_METHOD", "LOAD_ATTR"})
