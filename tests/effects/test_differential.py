@@ -18,6 +18,7 @@ import asyncio
 import functools
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -437,6 +438,12 @@ def test_python_programs_agree_with_the_reference(program):
     agree(program, Runner())
 
 
+# Open (issue 16): on Python 3.10 only, after other generated programs have
+# run through the C ABI, a clause that raises without resuming sometimes does
+# not abort its body at once (its finally runs detached, its log is lost);
+# the same program alone passes.  Not strict: most runs find nothing.
+@pytest.mark.xfail(sys.version_info < (3, 11), strict=False,
+                   reason="3.10: eager abort after C-ABI programs, open (issue 16)")
 @PROFILE
 @given(programs(c=True))
 def test_programs_through_the_c_abi_agree_with_the_reference(c_abi, program):
