@@ -732,15 +732,6 @@ class Stepper(data_type("StepperData", ("_handler", "_chain", "state", "effect",
 _switch_into = fibers.switch_into if _speedups is None else _speedups.switch_into
 
 
-def _switch_into_compiled_step(step):
-    return _speedups.switch_into(step.pop(0), step.pop())
-
-
-# The driver loop's form, taking [chain, send] in a list it empties (see
-# fibers.switch_into_step); only _drive_py uses it, the compiled loop has its own.
-_switch_into_step = fibers.switch_into_step if _speedups is None else _switch_into_compiled_step
-
-
 class _TailResume(data_type("TailResumeData", ("chain", "send"))):
     """Handed back by a resume in tail position to the driver that called the clause."""
 
@@ -764,7 +755,7 @@ def _drive_py(step):
     # that a discontinue raises in the body, which holds the frames it goes
     # through, and what they reference (see _resume_from).
     while True:
-        kind, handler, payload = _switch_into_step(step)
+        kind, handler, payload = fibers.switch_into_step(step)     # (the reference's loop only)
         if kind is PERFORMED:
             effect, args, k = payload
             del payload

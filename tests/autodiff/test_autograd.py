@@ -276,6 +276,7 @@ def test_tape_to_dot_draws_the_graph():
     assert float(t.gradient(y, x).sum()) == pytest.approx(6 * math.e)
 
 
+@pytest.mark.integration                # Graphviz is one of CI's system packages
 def test_to_dot_is_valid_graphviz(tmp_path):
     import shutil
     import subprocess
