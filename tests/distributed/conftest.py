@@ -48,12 +48,14 @@ def mpirun(tmp_path):
     if mpiexec is None or not have_mpi4py():
         pytest.skip("needs mpi4py and mpiexec: pip install 'kina_fx[mpi]'")
 
-    def run(n, case, *args, timeout=300, env=None):
+    def run(n, case, *args, timeout=150, env=None):
         environment = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         environment.update(env or {})
         cmd = [mpiexec, "-n", str(n), sys.executable, str(WORKER), case, str(tmp_path), *map(str, args)]
         # A session of its own, so that a job that hangs is killed whole (mpiexec and every rank).
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # No stdin: MPICH's mpiexec forwards its own to rank 0.
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
                                 env=environment, cwd=str(HERE), start_new_session=True)
         start = time.monotonic()
         try:

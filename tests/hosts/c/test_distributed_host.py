@@ -8,7 +8,6 @@ a rank that never joins gives the others status 2 with kina_last_error, and
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.mpi import run_in_a_clean_environment as run_ranks
 
 HERE = Path(__file__).parent
 pytestmark = pytest.mark.integration
@@ -37,21 +37,6 @@ def host(tmp_path_factory):
                     *kina_fx_config("--cflags", "--libs"), "-lm", "-lpthread", "-o", str(exe)],
                    check=True, capture_output=True, text=True)
     return exe
-
-
-def run_ranks(n, argv, **env):
-    local = Path(sys.executable).parent / "mpiexec"
-    mpiexec = str(local) if local.exists() else shutil.which("mpiexec")
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        mpiexec = None
-    if mpiexec is None:
-        pytest.skip("needs mpi4py and mpiexec: pip install 'kina_fx[mpi]'")
-    path = os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"])
-    extra = [f"{k}={v}" for k, v in env.items()]
-    return subprocess.run(["env", "-i", f"PATH={path}", *extra, mpiexec, "-n", str(n), *map(str, argv)],
-                          capture_output=True, text=True, timeout=300)
 
 
 def _all_passed(result, n):

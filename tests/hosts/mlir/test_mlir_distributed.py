@@ -6,37 +6,15 @@ its own results; the test reads every rank's line.
 """
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.mpi import run_in_a_clean_environment as run_ranks
 from mlir_tools import TOOLS, compile_object, kina_fx_config, link_executable, lower, skip_unless_tools
 
 HERE = Path(__file__).parent
 pytestmark = pytest.mark.integration
-
-
-def mpiexec():
-    local = Path(sys.executable).parent / "mpiexec"
-    path = str(local) if local.exists() else shutil.which("mpiexec")
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        path = None
-    if path is None:
-        pytest.skip("needs mpi4py and mpiexec: pip install 'kina_fx[mpi]'")
-    return path
-
-
-def run_ranks(n, argv):
-    """``argv`` under ``mpiexec -n n`` with a clean environment (only PATH)."""
-    path = os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"])
-    return subprocess.run(["env", "-i", f"PATH={path}", mpiexec(), "-n", str(n), *map(str, argv)],
-                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
