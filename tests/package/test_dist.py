@@ -83,8 +83,15 @@ def _tracked_native_files() -> list[str]:
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
+    # Built from a copy of the tree, in-place build products included (the sdist
+    # must leave them out): the sdist step writes kina_fx.egg-info beside
+    # setup.py, and another test run may be building from the same tree.
+    tree = tmp_path_factory.mktemp("tree") / "kina_fx"
+    shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".mypy_cache",
+        ".pytest_cache", ".hypothesis"))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    result = _run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], env=env)
+    result = _run([sys.executable, "-m", "build", "--outdir", str(out), str(tree)], env=env)
     (sdist,) = out.glob("kina_fx-*.tar.gz")
     (wheel,) = out.glob("kina_fx-*.whl")
     return {"sdist": sdist, "wheel": wheel, "log": result.stdout + result.stderr}
