@@ -37,7 +37,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Concatenate, Generic, Iterable
 from . import fibers, tailcalls
 from .errors import Cancelled, ContinuationAlreadyResumed, Unhandled, ValidationError
 from .fibers import RAISED, RETURNED, Chain, check_owner, data_type, local, thread_token
-from .references import dying_with_traceback
+from .references import copied_into_frame_locals, dying_with_traceback
 
 __all__ = ["Effect", "perform", "Handler", "Continuation", "fiber", "Stepper", "FORWARD",
            "push_handler", "pop_handler", "suspend_to_host", "thread_token", "check_owner"]
@@ -806,8 +806,11 @@ def _abort_unless_kept(box, handler, exc):
     """
     k = box.pop()
     # References: ``k`` here and getrefcount's argument; when the clause raised,
-    # the frames of the traceback (the clause's own arguments) do not count.
-    if sys.getrefcount(k) - dying_with_traceback(k, exc) > 2:
+    # the frames of the traceback (the clause's own arguments) do not count,
+    # nor do the copies a trace function makes on 3.10 (counted first: that
+    # may add them).
+    copies = copied_into_frame_locals(k)
+    if sys.getrefcount(k) - dying_with_traceback(k, exc) - copies > 2:
         return
     signal = fibers.Unwind("the handler returned without resuming: the body is aborted")
     try:

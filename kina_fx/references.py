@@ -5,7 +5,9 @@ aborts a continuation that its clause dropped, unless something still
 references it.  When the clause raised, the frames of the exception's
 traceback (the clause's own, its helpers') still reference it, but die with
 the traceback: those references, and those of objects that only such frames
-hold, do not count.
+hold, do not count.  Nor, on CPython 3.10 under a trace function, do the
+copies of a frame's locals that the interpreter keeps in its ``f_locals``
+dict (:func:`copied_into_frame_locals`).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import gc
 import sys
 import types
 
-__all__ = ["dying_with_traceback"]
+__all__ = ["copied_into_frame_locals", "dying_with_traceback"]
 
 # How many objects deep, from the frames, references are looked for.
 LEVELS = 8
@@ -57,4 +59,29 @@ def dying_with_traceback(obj, exc) -> int:
                 level.append(entry[0])
         if not level:
             break
+    return count
+
+
+def copied_into_frame_locals(obj) -> int:
+    """How many references to ``obj`` are the copies that the frames of this
+    thread's stack hold in their ``f_locals`` dicts (0 but on CPython 3.10
+    with a Python trace function set).
+
+    Before each call of a trace function (``sys.settrace``: debuggers,
+    hypothesis's explain phase), CPython 3.10 copies the frame's fast locals
+    into a dict that the frame keeps, and a copy outlives its variable until
+    the next event.  Such a copy duplicates a variable of the frame (which
+    still counts) or one that is gone: it keeps nothing.  Reading each frame's
+    ``f_locals`` brings its dict up to date (a deleted variable leaves it), so
+    the count is of copies of live variables only.  3.11 no longer makes these
+    copies for trace functions.  Call it before taking the reference count:
+    it may add copies.
+    """
+    if sys.version_info >= (3, 11) or sys.gettrace() is None:
+        return 0
+    count = 0
+    frame = sys._getframe(1)
+    while frame is not None:
+        count += sum(1 for value in frame.f_locals.values() if value is obj)
+        frame = frame.f_back
     return count

@@ -18,7 +18,6 @@ import asyncio
 import functools
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -438,12 +437,6 @@ def test_python_programs_agree_with_the_reference(program):
     agree(program, Runner())
 
 
-# Open (issue 16): on Python 3.10 only, after other generated programs have
-# run through the C ABI, a clause that raises without resuming sometimes does
-# not abort its body at once (its finally runs detached, its log is lost);
-# the same program alone passes.  Not strict: most runs find nothing.
-@pytest.mark.xfail(sys.version_info < (3, 11), strict=False,
-                   reason="3.10: eager abort after C-ABI programs, open (issue 16)")
 @pytest.mark.integration                # gcc builds the C clauses: CI must not skip it
 @PROFILE
 @given(programs(c=True))

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from kina_fx import Effect, Handler, Unhandled, perform
 
 A = Effect("test.seams.a")
@@ -99,3 +101,78 @@ def test_clause_returning_after_an_inner_abort_still_aborts_its_own_body():
 
     events.append(Handler(on={C: outer_clause}).run(body))
     assert events == ["finally", "inner early exit"]
+
+
+def _traced(fn):
+    """``fn()`` with a Python trace function set (a debugger's, or hypothesis's
+    explain phase): on CPython 3.10 every frame then keeps copies of its
+    locals, which the eager abort must not take for references that keep k."""
+    def tracer(frame, event, arg):
+        return tracer
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        return fn()
+    finally:
+        sys.settrace(previous)
+
+
+def _dropping_clause(how):
+    def clause(k):
+        if how == "raise":
+            return perform(A)            # nothing handles A: Unhandled, raised in the clause
+        return "early exit"
+    return clause
+
+
+@pytest.mark.parametrize("how", ["raise", "return"])
+def test_a_dropped_continuation_is_aborted_at_once_under_a_trace_function(how):
+    # Found by the differential tests on 3.10 (hypothesis's explain phase
+    # traces): the abort came late, at collection, detached.
+    events = []
+
+    def body():
+        try:
+            perform(C)
+        finally:
+            events.append("finally")
+
+    def run():
+        try:
+            events.append(Handler(on={C: _dropping_clause(how)}).run(body))
+        except Unhandled:
+            events.append("caller sees Unhandled")
+
+    _traced(run)
+    assert events == ["finally", "early exit" if how == "return" else "caller sees Unhandled"]
+
+
+@pytest.mark.parametrize("how", ["raise", "return"])
+def test_a_continuation_kept_in_a_variable_stays_kept_under_a_trace_function(how):
+    events, kept = [], []
+
+    def body():
+        try:
+            perform(C)
+        finally:
+            events.append("finally")
+
+    def clause(k):
+        kept.append(k)
+        return _dropping_clause(how)(k)
+
+    def run():
+        try:
+            events.append(Handler(on={C: clause}).run(body))
+        except Unhandled:
+            events.append("caller sees Unhandled")
+        k = kept.pop()                   # a variable of this frame, on the stack: kept
+        events.append("still suspended" if k.top is not None else "aborted")
+        k.discontinue(Unhandled(C, ()))  # fall through its cleanup now
+
+    try:
+        _traced(run)
+    except Unhandled:
+        pass
+    assert events[:2] == ["early exit" if how == "return" else "caller sees Unhandled", "still suspended"]
+    assert events[2:] == ["finally"]
