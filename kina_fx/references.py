@@ -12,6 +12,7 @@ dict (:func:`copied_into_frame_locals`).
 from __future__ import annotations
 
 import gc
+import inspect
 import sys
 import types
 
@@ -23,6 +24,8 @@ LEVELS = 8
 # Frames of the traceback are visited themselves; code and modules are never
 # held by a traceback alone, and a reference from an exception keeps the object.
 _NOT_HOLDERS = (types.FrameType, types.CodeType, types.ModuleType, BaseException)
+
+_CO_OPTIMIZED = inspect.CO_OPTIMIZED        # a function's code: fast locals
 
 
 def dying_with_traceback(obj, exc) -> int:
@@ -82,6 +85,9 @@ def copied_into_frame_locals(obj) -> int:
     count = 0
     frame = sys._getframe(1)
     while frame is not None:
-        count += sum(1 for value in frame.f_locals.values() if value is obj)
+        # Only a function's frame copies: a module's or class body's f_locals
+        # is its namespace itself, whose references keep.
+        if frame.f_code.co_flags & _CO_OPTIMIZED:
+            count += sum(1 for value in frame.f_locals.values() if value is obj)
         frame = frame.f_back
     return count

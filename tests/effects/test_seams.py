@@ -176,3 +176,32 @@ def test_a_continuation_kept_in_a_variable_stays_kept_under_a_trace_function(how
         pass
     assert events[:2] == ["early exit" if how == "return" else "caller sees Unhandled", "still suspended"]
     assert events[2:] == ["finally"]
+
+
+def test_a_continuation_kept_by_a_module_global_stays_kept_under_a_trace_function():
+    # A module's frame has no copies: its f_locals is the module's namespace.
+    code = textwrap.dedent("""
+        import sys
+        from kina_fx import Effect, Handler, perform
+        C = Effect("c")
+        events = []
+        def body():
+            try:
+                perform(C)
+            finally:
+                events.append("finally")
+        def clause(k):
+            global saved
+            saved = k
+            return "early exit"
+        def tracer(frame, event, arg):
+            return tracer
+        sys.settrace(tracer)
+        events.append(Handler(on={C: clause}).run(body))
+        events.append("still suspended" if saved.top is not None else "aborted")
+        sys.settrace(None)
+        print(events)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("['early exit', 'still suspended']"), proc.stdout + proc.stderr
