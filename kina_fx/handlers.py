@@ -770,7 +770,7 @@ def _drive_py(step):
             if k.top is not None:           # returned without using k: abort it?
                 box = [k]
                 del k
-                _abort_unless_kept(box, handler, None)
+                result = _abort_unless_kept(box, handler, None, result)
         elif kind is RETURNED:
             result = payload if handler.ret is None else handler.ret(payload)
         elif kind is RAISED:
@@ -787,11 +787,11 @@ def _drive_py(step):
         return result
 
 
-def _abort_unless_kept(box, handler, exc):
+def _abort_unless_kept(box, handler, exc, result=None):
     """Eager abort: called by the driver loop (this module's and speedups.c's)
-    when ``handler``'s clause returned, or raised ``exc``, without resuming or
-    discontinuing its continuation ``k``, the only item of ``box`` (the
-    driver's own reference is already gone).
+    when ``handler``'s clause returned ``result``, or raised ``exc``, without
+    resuming or discontinuing its continuation ``k``, the only item of ``box``
+    (the driver's own reference is already gone).  Returns the clause's result.
 
     A ``k`` that is still referenced from anywhere else (a scheduler's queue, a
     closure, a variable of the caller) is kept: nothing happens.  Otherwise
@@ -803,6 +803,14 @@ def _abort_unless_kept(box, handler, exc):
     clause's result or exception (which becomes its ``__context__``), as a
     ``finally`` block's exception does in Python.  What the aborted body
     returns, if it catches the Unwind, is discarded.
+
+    A clause that ended by resuming *another* continuation in tail position
+    (``return other.resume_with(v, h)``: the resume came back here as a
+    _TailResume, not yet run) has not finished: that resume runs to its end
+    first, and its outcome is the clause's, then ``k`` is aborted.  (A kept
+    ``k`` needs no such order: the tail resume goes on in the driver's loop,
+    as a scheduler's ``return queue.popleft().resume()`` must, in constant
+    stack.)
     """
     k = box.pop()
     # References: ``k`` here and getrefcount's argument; when the clause raised,
@@ -811,7 +819,21 @@ def _abort_unless_kept(box, handler, exc):
     # may add them).
     copies = copied_into_frame_locals(k)
     if sys.getrefcount(k) - dying_with_traceback(k, exc) - copies > 2:
-        return
+        return result
+    if result.__class__ is _TailResume:
+        step = [result.chain, result.send]
+        result = None
+        try:
+            result = _drive(step)
+        except BaseException as error:
+            _abort(k, handler, error)
+            raise
+    _abort(k, handler, exc)
+    return result
+
+
+def _abort(k, handler, exc):
+    """Abort the body suspended in ``k`` (see _abort_unless_kept)."""
     signal = fibers.Unwind("the handler returned without resuming: the body is aborted")
     try:
         if k.shallow:

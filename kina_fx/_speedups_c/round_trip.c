@@ -536,11 +536,12 @@ PyMethodDef kfx_continuation_methods[] = {
 
 /* The eager abort of handlers._drive: after a clause returned ``*result`` (or
  * raised: *result NULL) without using its continuation ``*k`` (``k.top`` is
- * not None), hand ``[k]`` (our reference, stolen: *k becomes NULL) to
- * handlers._abort_unless_kept, which aborts k unless something else keeps it.
- * Returns -1 when that raised (the cleanup's exception, now set, replaces the
- * clause's result or exception), 0 otherwise (*result and any exception of the
- * clause unchanged). */
+ * not None), hand ``[k]`` (our reference, stolen: *k becomes NULL) and the
+ * result to handlers._abort_unless_kept, which aborts k unless something else
+ * keeps it, and returns the clause's result: *result is replaced by it (a tail
+ * resume of another continuation has then run to its end).  Returns -1 when
+ * that raised (its exception, now set, replaces the clause's result or
+ * exception), 0 otherwise (any exception of the clause unchanged). */
 static int
 abort_unless_kept(PyObject **k, PyObject *handler, PyObject **result)
 {
@@ -568,16 +569,20 @@ abort_unless_kept(PyObject **k, PyObject *handler, PyObject **result)
     PyList_SET_ITEM(box, 0, *k);
     *k = NULL;
     PyObject *r = PyObject_CallFunctionObjArgs(g_abort_unless_kept, box, handler,
-                                               exc != NULL ? exc : Py_None, NULL);
+                                               exc != NULL ? exc : Py_None,
+                                               *result != NULL ? *result : Py_None, NULL);
     Py_DECREF(box);
     if (r == NULL) {
         Py_XDECREF(exc);
         Py_CLEAR(*result);
         return -1;
     }
-    Py_DECREF(r);
-    if (exc != NULL)
+    if (exc != NULL) {
+        Py_DECREF(r);
         exc_restore(exc);
+    }
+    else
+        Py_SETREF(*result, r);
     return 0;
 }
 

@@ -205,3 +205,38 @@ def test_a_continuation_kept_by_a_module_global_stays_kept_under_a_trace_functio
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("['early exit', 'still suspended']"), proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("ends", ["returns", "raises"])
+def test_a_clause_ending_in_another_continuations_resume_finishes_it_before_the_abort(ends):
+    # ``return fiber(f).resume_with(None, h)`` as a clause's last act, its own
+    # k unused: the driver took that tail resume back, aborted k at once, and
+    # only then ran f, so the body's cleanup ran before the clause's own work.
+    # Found by the differential tests (on 3.10; every version was wrong).
+    from kina_fx import fiber
+
+    LOG = Effect("test.seams.log")
+    events = []
+
+    def other(_):
+        events.append(perform(LOG, "the clause's last act"))
+        if ends == "raises":
+            raise KeyError("from the last act")
+        return "clause result"
+
+    def clause(k):
+        return fiber(other).resume_with(None, Handler(on={A: lambda k2: k2.resume(0)}))
+
+    def body():
+        try:
+            perform(C)
+        finally:
+            events.append("body's finally")
+
+    logger = Handler(fun={LOG: lambda what: what})
+    try:
+        events.append(logger.run(lambda: Handler(on={C: clause}).run(body)))
+    except KeyError:
+        events.append("caller sees KeyError")
+    assert events == ["the clause's last act", "body's finally",
+                      "clause result" if ends == "returns" else "caller sees KeyError"]
