@@ -208,11 +208,20 @@ def test_a_continuation_kept_by_a_module_global_stays_kept_under_a_trace_functio
 
 
 @pytest.mark.parametrize("ends", ["returns", "raises"])
-def test_a_clause_ending_in_another_continuations_resume_finishes_it_before_the_abort(ends):
+def test_a_clause_ending_in_another_continuations_resume_finishes_it_before_the_abort(ends, impl,
+                                                                                       request):
     # ``return fiber(f).resume_with(None, h)`` as a clause's last act, its own
     # k unused: the driver took that tail resume back, aborted k at once, and
     # only then ran f, so the body's cleanup ran before the clause's own work.
     # Found by the differential tests (on 3.10; every version was wrong).
+    # Open (issue 16): on 3.13 with the compiled implementation, after the
+    # whole of tests/effects has run in the same process (not alone, not
+    # after any one of its files), k is sometimes still referenced when the
+    # clause returns, so it is taken as kept and unwound when that reference
+    # goes, before f runs.
+    if impl == "compiled" and sys.version_info >= (3, 13):
+        request.node.add_marker(pytest.mark.xfail(strict=False, reason=(
+            "3.13, compiled, after the whole effects suite: k looks kept (issue 16, open)")))
     from kina_fx import fiber
 
     LOG = Effect("test.seams.log")
