@@ -14,6 +14,11 @@ A = Effect("test.seams.a")
 C = Effect("test.seams.c")
 
 
+def _in_a_fresh_interpreter(code):
+    """Run ``code`` in a new Python process (pytest replaces hooks this one would use)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
 class Env:
     """A clause's context, holding its continuation (as the differential tests' interpreter does)."""
 
@@ -70,7 +75,7 @@ def test_cleanup_error_of_a_dropped_continuation_is_reported_by_the_default_hook
         gc.collect()
         print("done")
     """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = _in_a_fresh_interpreter(code)
     assert proc.returncode == 0 and proc.stdout == "done\n", proc.stderr
     assert "Exception ignored while unwinding a dropped continuation" in proc.stderr, proc.stderr
     assert "KeyError: 'cleanup'" in proc.stderr and "TypeError" not in proc.stderr, proc.stderr
@@ -202,7 +207,7 @@ def test_a_continuation_kept_by_a_module_global_stays_kept_under_a_trace_functio
         sys.settrace(None)
         print(events)
     """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = _in_a_fresh_interpreter(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("['early exit', 'still suspended']"), proc.stdout + proc.stderr
 
