@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.mpi import have_mpi4py, mpiexec_path
+from support.mpi import mpiexec_or_skip
 
 HERE = Path(__file__).parent
 WORKER = HERE / "dist_worker.py"
@@ -44,9 +44,7 @@ class Launch:
 @pytest.fixture
 def mpirun(tmp_path):
     """``mpirun(n, case, *args, timeout=..., env=...)`` -> :class:`Launch`."""
-    mpiexec = mpiexec_path()
-    if mpiexec is None or not have_mpi4py():
-        pytest.skip("needs mpi4py and mpiexec: pip install 'kina_fx[mpi]'")
+    mpiexec = mpiexec_or_skip()
 
     def run(n, case, *args, timeout=150, env=None):
         environment = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")

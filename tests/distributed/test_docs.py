@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from support.mpi import have_mpi4py, mpiexec_path
+from support.mpi import mpiexec_or_skip
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "distributed.md"
 
@@ -38,11 +38,10 @@ def test_the_page_runs_on_one_process(script):
 
 @pytest.mark.integration
 def test_the_page_runs_on_two_processes(script, tmp_path):
-    mpiexec = mpiexec_path()
-    if mpiexec is None or not have_mpi4py():
-        pytest.skip("needs mpi4py and mpiexec: pip install 'kina_fx[mpi]'")
+    mpiexec = mpiexec_or_skip()
     env = dict(os.environ, KINA_FX_DISTRIBUTED="mpi", KINA_FX_DIST_TIMEOUT="60", PAGE_OUT=str(tmp_path))
-    result = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script)], capture_output=True,
+    result = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script)], stdin=subprocess.DEVNULL,
+                            capture_output=True,
                             text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     for r in range(2):
