@@ -53,6 +53,15 @@ else:  # pragma: no cover
         return os.environ.get(key, "auto")
 
 
+#: For callers that cache :func:`device`'s answer (the C exports' fast path,
+#: op_calls.c): ``(environ, key, namespace)``.  ``environ[key]`` is
+#: KINA_FX_DEVICE's encoded value, an object replaced by every write of the
+#: variable; ``namespace["_device_memo"]`` (this module's) is replaced
+#: whenever device() resolves again.  While both are the same objects, the
+#: answer is the same.  None where os.environ keeps no such dict.
+DEVICE_INPUTS = (_env_data, _DEVICE_KEY, globals()) if isinstance(_env_data, dict) else None
+
+
 def device() -> str:
     """The backend selected by ``KINA_FX_DEVICE``: ``"cpu"`` or ``"cuda"``.
 
@@ -102,11 +111,13 @@ def may_overlap(out, x, xp) -> bool:
 
 
 def _quiet_numpy():
-    """``(enter, leave)`` making NumPy ignore floating-point conditions in the
-    running context until ``leave(enter())``: what ``np.errstate(all="ignore")``
-    does.  NumPy >= 2 keeps that state in a context variable, which is set
-    directly (errstate's own ``__enter__``/``__exit__`` cost ~1.4 us, a third of a
-    small op's whole call from C); older NumPy uses errstate itself."""
+    """``(enter, leave, context)``: ``enter``/``leave`` make NumPy ignore
+    floating-point conditions in the running context until ``leave(enter())``:
+    what ``np.errstate(all="ignore")`` does.  NumPy >= 2 keeps that state in a
+    context variable, which is set directly (errstate's own ``__enter__``/
+    ``__exit__`` cost ~1.4 us, a third of a small op's whole call from C);
+    ``context`` is then that ``(variable, value)`` pair, for C code to set
+    itself.  Older NumPy uses errstate itself, and ``context`` is None."""
     try:
         from numpy._core._ufunc_config import _extobj_contextvar, _make_extobj
         ignore = _make_extobj(all="ignore")
@@ -116,11 +127,12 @@ def _quiet_numpy():
             state.__enter__()
             return state
 
-        return enter, lambda state: state.__exit__(None, None, None)
-    return (lambda: _extobj_contextvar.set(ignore)), _extobj_contextvar.reset
+        return enter, lambda state: state.__exit__(None, None, None), None
+    return ((lambda: _extobj_contextvar.set(ignore)), _extobj_contextvar.reset,
+            (_extobj_contextvar, ignore))
 
 
-_fp_enter, _fp_leave = _quiet_numpy()
+_fp_enter, _fp_leave, QUIET_FP_CONTEXT = _quiet_numpy()
 
 
 def quiet_fp(fn):

@@ -35,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import collectives, gpu_ops
+from . import collectives, gpu_ops, kernel_threads
 from .errors import UnimplementedError, ValidationError
 from .handlers import Effect
 
@@ -87,6 +87,11 @@ class RuntimeOp:
     # (not their values, as gather's index range does): its verdict is then
     # memoised per shapes (check_output), since a tape checks every call.
     check_by_shape: bool = False
+    # The NumPy function the kernel comes down to on small NumPy operands:
+    # the default computes ``direct(*inputs, out=out)`` on every call that
+    # :meth:`calls_direct` admits.  The C exports' fast path then calls it
+    # straight from C (docs/abi.md, "Fast paths").  None: no such function.
+    direct: Callable | None = None
     effect: Effect = field(init=False, compare=False)
     _passed: dict = field(init=False, compare=False, repr=False, default_factory=dict)
 
@@ -119,6 +124,25 @@ class RuntimeOp:
             if len(self._passed) >= 1024:
                 self._passed.clear()
             self._passed[key] = True
+
+    def calls_direct(self, out, *inputs) -> bool:
+        """Whether this op's default, called on these NumPy arrays, computes
+        exactly ``direct(*inputs, out=out)``: a valid call (the check passes),
+        no parameters, and none of the kernels' special cases (an operand of
+        size 0, an output of rank 0, arrays large enough for the threaded row
+        blocks).  A property of the operands' shapes alone, so the C fast path
+        remembers it per shapes."""
+        if self.direct is None or self.params or len(inputs) != len(self.inputs):
+            return False
+        if out.__class__ is not np.ndarray or any(a.__class__ is not np.ndarray for a in inputs):
+            return False
+        try:
+            shape = self.check(*inputs)
+        except ValidationError:
+            return False
+        sizes = [a.size for a in inputs]
+        return (tuple(out.shape) == tuple(shape) and out.ndim > 0 and min(sizes) > 0
+                and max(sizes) < kernel_threads.PARALLEL_MIN_ELEMENTS)
 
     def differentiate(self, autograd, *args):
         """The op computed by its primitive of ``autograd`` (the :mod:`kina_fx.autograd`
@@ -278,15 +302,16 @@ X, A, B = Operand("x"), Operand("a"), Operand("b")
 OUT = Operand("out")
 
 
-def _unary(name, doc):
+def _unary(name, doc, direct=None):
     return RuntimeOp(name, f"_mlir_ciface_runtime_{name}_f32", OUT, (X,), (),
-                     _unary_kernel(getattr(gpu_ops, name)), _same_shape, name, doc, check_by_shape=True)
+                     _unary_kernel(getattr(gpu_ops, name)), _same_shape, name, doc, check_by_shape=True,
+                     direct=direct)
 
 
-def _binary(name, kernel_name, doc):
+def _binary(name, kernel_name, doc, direct):
     return RuntimeOp(name, f"_mlir_ciface_runtime_{name}_f32", OUT, (A, B), (),
                      _binary_kernel(getattr(gpu_ops, kernel_name)), _broadcast(name), name, doc,
-                     check_by_shape=True)
+                     check_by_shape=True, direct=direct)
 
 
 def _reduction(name, doc):
@@ -310,7 +335,8 @@ RUNTIME_OPS: tuple = (
               "dst = src, into host-visible memory", seed=True, overlap_safe=False, check_by_shape=True),
     RuntimeOp("matmul", "_mlir_ciface_runtime_gpu_matmul_f32", OUT, (A, B), (),
               lambda out, a, b: gpu_ops.matmul(a, b, out), _matmul_check, "matmul",
-              "out = a @ b (NumPy matmul rules, batched)", seed=True, check_by_shape=True),
+              "out = a @ b (NumPy matmul rules, batched)", seed=True, check_by_shape=True,
+              direct=np.matmul),
     RuntimeOp("gather", "_mlir_ciface_runtime_gpu_gather_f32", OUT,
               (Operand("values"), Operand("indices", I64)), (),
               lambda out, values, indices: gpu_ops.gather(values, indices, out), _gather_check,
@@ -326,16 +352,16 @@ RUNTIME_OPS: tuple = (
               check_by_shape=True),
     # The differentiable network's ops.
     _unary("neg", "out = -x"),
-    _unary("exp", "out = exp(x)"),
-    _unary("log", "out = log(x)"),
-    _unary("tanh", "out = tanh(x)"),
+    _unary("exp", "out = exp(x)", np.exp),
+    _unary("log", "out = log(x)", np.log),
+    _unary("tanh", "out = tanh(x)", np.tanh),
     _unary("sigmoid", "out = 1 / (1 + exp(-x))"),
     _unary("relu", "out = max(x, 0)"),
-    _binary("add", "add", "out = a + b (NumPy broadcasting)"),
-    _binary("sub", "sub", "out = a - b (NumPy broadcasting)"),
-    _binary("mul", "mul", "out = a * b (NumPy broadcasting)"),
-    _binary("div", "div", "out = a / b (NumPy broadcasting)"),
-    _binary("pow", "power", "out = a ** b (NumPy broadcasting)"),
+    _binary("add", "add", "out = a + b (NumPy broadcasting)", np.add),
+    _binary("sub", "sub", "out = a - b (NumPy broadcasting)", np.subtract),
+    _binary("mul", "mul", "out = a * b (NumPy broadcasting)", np.multiply),
+    _binary("div", "div", "out = a / b (NumPy broadcasting)", np.divide),
+    _binary("pow", "power", "out = a ** b (NumPy broadcasting)", np.power),
     _reduction("sum", "out = sum of x over `axis` (KINA_ALL_AXES: all), `keepdims` 0/1"),
     _reduction("mean", "out = mean of x over `axis` (KINA_ALL_AXES: all), `keepdims` 0/1"),
     _reduction("max", "out = max of x over `axis` (KINA_ALL_AXES: all), `keepdims` 0/1"),

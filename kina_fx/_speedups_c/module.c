@@ -32,7 +32,7 @@ PyObject *g_local, *g_handler_fun, *g_handler_on, *g_unhandled, *g_cancelled, *g
 PyTypeObject *g_fiber_t, *g_tstate_t, *g_skip_t, *g_handler_t, *g_tail_t, *g_chain_t, *g_cont_t,
              *g_stepper_t, *g_catch_t, *g_cclause_t, *g_chandler_t;
 PyObject *t_resume_names, *t_cache, *t_tail_calls, *t_names_function;
-PyObject *g_op_rows, *g_cpu_selected, *g_op_perform;
+PyObject *g_op_rows, *g_cpu_selected, *g_op_perform, *g_op_fp_context, *g_device_inputs;
 Py_ssize_t t_max_frames;
 int g_hop_depth;
 
@@ -118,6 +118,8 @@ static const collaborator op_collaborators[] = {
     {"kina_fx.ffi.ops", "FAST_ROWS", &g_op_rows, ANY, NULL},
     {"kina_fx.ffi.ops", "_cpu_selected", &g_cpu_selected, CALLABLE, NULL},
     {"kina_fx.ffi.ops", "_fast_perform", &g_op_perform, CALLABLE, NULL},
+    {"kina_fx.ffi.ops", "FAST_FP_CONTEXT", &g_op_fp_context, ANY, NULL},
+    {"kina_fx.gpu_ops", "DEVICE_INPUTS", &g_device_inputs, ANY, NULL},
 };
 
 #define N_COLLABORATORS (sizeof(collaborators) / sizeof(collaborators[0]))
@@ -291,7 +293,7 @@ kfx_import_op_collaborators(void)
         return -1;
     if (!kfx_check_op_rows(g_op_rows)) {
         PyErr_SetString(PyExc_TypeError, "kina_fx.ffi.ops.FAST_ROWS is not a tuple of None or "
-                        "(effect, (dict, ...)) per row");
+                        "(effect, (dict, ...), direct call) per row");
         return -1;
     }
     ready = 1;

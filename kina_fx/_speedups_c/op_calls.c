@@ -43,15 +43,216 @@ kfx_check_op_rows(PyObject *rows)
         PyObject *row = PyTuple_GET_ITEM(rows, i);
         if (row == Py_None)
             continue;
-        PyObject *dicts = PyTuple_Check(row) && PyTuple_GET_SIZE(row) == 2 ? PyTuple_GET_ITEM(row, 1) : NULL;
+        PyObject *dicts = PyTuple_Check(row) && PyTuple_GET_SIZE(row) == 3 ? PyTuple_GET_ITEM(row, 1) : NULL;
         int ok = dicts != NULL && PyTuple_Check(dicts) && PyTuple_GET_SIZE(dicts) >= 1
             && PyTuple_GET_SIZE(dicts) <= KFX_OP_MAX_OPERANDS;
         for (Py_ssize_t k = 0; ok && k < PyTuple_GET_SIZE(dicts); k++)
             ok = PyDict_CheckExact(PyTuple_GET_ITEM(dicts, k));
+        PyObject *direct = ok ? PyTuple_GET_ITEM(row, 2) : NULL;
+        if (ok && direct != Py_None)     /* (default, function, ndarray, {shapes}, admit) */
+            ok = PyTuple_Check(direct) && PyTuple_GET_SIZE(direct) == 5
+                && PyCallable_Check(PyTuple_GET_ITEM(direct, 1))
+                && PyType_Check(PyTuple_GET_ITEM(direct, 2))
+                && PyDict_CheckExact(PyTuple_GET_ITEM(direct, 3))
+                && PyCallable_Check(PyTuple_GET_ITEM(direct, 4));
         if (!ok)
             return 0;
     }
     return 1;
+}
+
+/* ---- the direct call ------------------------------------------------------------ *
+ *
+ * For the ops whose default comes down to one NumPy function on small
+ * operands (runtime_ops.RuntimeOp.direct: matmul, the binary ufuncs, exp, log,
+ * tanh), the fast path calls that function itself, ``direct(*inputs,
+ * out=out)`` under quiet floating-point conditions, instead of performing the
+ * effect, when all of this holds (else the effect is performed, as before):
+ *   - every view is exactly a NumPy array;
+ *   - the effect still has the default the row was built with;
+ *   - no handler in scope handles the effect (kfx_effect_unhandled: the
+ *     search perform would make), so perform would run that default;
+ *   - these operand shapes were admitted before: after a successful call
+ *     through the default, RuntimeOp.calls_direct said that the default
+ *     computes exactly the direct call for them (a valid call, none of the
+ *     kernels' special cases).  The admitted shapes are remembered in the
+ *     row's dict, keyed by each operand's rank and sizes.
+ * What it saves: perform's Python default, the kernel's frames and checks,
+ * and the floating-point wrapper's frame (about 2 us per call). */
+
+enum { DIRECT_NO, DIRECT_DONE, DIRECT_ADMIT };
+
+#define DIRECT_MEMO_MAX 1024
+
+/* Each operand's rank and sizes, as bytes: the key of the admitted shapes. */
+static PyObject *
+shapes_key(void *const *memrefs, int32_t nmem)
+{
+    int64_t buf[KFX_OP_MAX_OPERANDS * (1 + KFX_OP_MAX_RANK)];
+    Py_ssize_t n = 0;
+    for (int32_t k = 0; k < nmem; k++) {
+        const kfx_unranked_memref *m = memrefs[k];
+        buf[n++] = m->rank;
+        /* the descriptor: allocated, aligned, offset, sizes[rank], strides[rank] */
+        memcpy(&buf[n], (const char *)m->descriptor + 3 * sizeof(int64_t),
+               (size_t)m->rank * sizeof(int64_t));
+        n += m->rank;
+    }
+    return PyBytes_FromStringAndSize((const char *)buf, n * (Py_ssize_t)sizeof(int64_t));
+}
+
+/* ``direct(*views[1:], out=views[0])`` with NumPy's floating-point
+ * conditions ignored (gpu_ops.QUIET_FP_CONTEXT); NULL with an exception. */
+static PyObject *
+call_direct(PyObject *fn, PyObject *const *views, int32_t nmem)
+{
+    static PyObject *out_kw;
+    if (out_kw == NULL && (out_kw = Py_BuildValue("(s)", "out")) == NULL)
+        return NULL;
+    PyObject *ctx = g_op_fp_context;
+    PyObject *var = PyTuple_GET_ITEM(ctx, 0), *quiet = PyTuple_GET_ITEM(ctx, 1);
+    PyObject *token = PyContextVar_Set(var, quiet);
+    if (token == NULL)
+        return NULL;
+    PyObject *args[KFX_OP_MAX_OPERANDS];
+    for (int32_t k = 1; k < nmem; k++)
+        args[k - 1] = views[k];
+    args[nmem - 1] = views[0];
+    PyObject *r = PyObject_Vectorcall(fn, args, (size_t)(nmem - 1), out_kw);
+    PyObject *pending = r == NULL ? exc_save() : NULL;
+    int reset = PyContextVar_Reset(var, token);
+    Py_DECREF(token);
+    if (reset < 0) {
+        Py_XDECREF(pending);
+        Py_XDECREF(r);
+        return NULL;
+    }
+    if (pending != NULL)
+        exc_restore(pending);
+    return r;
+}
+
+/* Whether this call may be the direct call (see above): DIRECT_DONE (made;
+ * *status set), DIRECT_ADMIT (not made: the shapes are not admitted yet;
+ * *key is their key, a new reference, to admit after the call), DIRECT_NO. */
+static int
+try_direct(PyObject *direct, PyObject *effect, PyObject *const *views, int32_t nmem,
+           void *const *memrefs, PyObject **key, int32_t *status)
+{
+    PyObject *ctx = g_op_fp_context;
+    if (direct == Py_None || ctx == NULL || !PyTuple_Check(ctx) || PyTuple_GET_SIZE(ctx) != 2
+            || !PyContextVar_CheckExact(PyTuple_GET_ITEM(ctx, 0)))
+        return DIRECT_NO;           /* NumPy 1.x keeps its error state elsewhere */
+    PyObject *ndarray = PyTuple_GET_ITEM(direct, 2);
+    for (int32_t k = 0; k < nmem; k++)
+        if ((PyObject *)Py_TYPE(views[k]) != ndarray)
+            return DIRECT_NO;
+    PyObject *dflt = PyObject_GetAttr(effect, s_default);
+    Py_XDECREF(dflt);               /* compared by identity only; the effect keeps it */
+    if (dflt != PyTuple_GET_ITEM(direct, 0)) {
+        PyErr_Clear();
+        return DIRECT_NO;
+    }
+    int unhandled = kfx_effect_unhandled(effect);
+    if (unhandled <= 0) {
+        PyErr_Clear();              /* perform meets the same error, and reports it */
+        return DIRECT_NO;
+    }
+    PyObject *k = shapes_key(memrefs, nmem);
+    if (k == NULL) {
+        PyErr_Clear();
+        return DIRECT_NO;
+    }
+    PyObject *admitted = PyDict_GetItemWithError(PyTuple_GET_ITEM(direct, 3), k);
+    if (admitted == NULL) {
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            Py_DECREF(k);
+            return DIRECT_NO;
+        }
+        *key = k;
+        return DIRECT_ADMIT;
+    }
+    Py_DECREF(k);
+    PyObject *r = call_direct(PyTuple_GET_ITEM(direct, 1), views, nmem);
+    if (r == NULL)
+        *status = kfx_report_exception();
+    else {
+        Py_DECREF(r);
+        *status = 0;
+    }
+    return DIRECT_DONE;
+}
+
+/* After a successful call through the default: remember ``key`` when
+ * RuntimeOp.calls_direct admits these operands.  Changes no status. */
+static void
+admit_direct(PyObject *direct, PyObject *key, PyObject *const *views, int32_t nmem)
+{
+    PyObject *admits = PyObject_Vectorcall(PyTuple_GET_ITEM(direct, 4), views, (size_t)nmem, NULL);
+    int yes = admits == NULL ? -1 : PyObject_IsTrue(admits);
+    Py_XDECREF(admits);
+    if (yes > 0) {
+        PyObject *memo = PyTuple_GET_ITEM(direct, 3);
+        if (PyDict_GET_SIZE(memo) >= DIRECT_MEMO_MAX)
+            PyDict_Clear(memo);
+        if (PyDict_SetItem(memo, key, Py_True) < 0)
+            yes = -1;
+    }
+    if (yes < 0)
+        PyErr_Clear();
+}
+
+/* ffi.ops._cpu_selected(), asked again only when what decides it may have
+ * changed (gpu_ops.DEVICE_INPUTS: KINA_FX_DEVICE's value object and the
+ * device memo, compared by identity; both kept alive here, so neither's
+ * address can be reused meanwhile).  1 (the CPU), or 0 with an exception
+ * possibly set. */
+static PyObject *seen_value, *seen_memo;
+static int seen_cpu;
+
+static int
+device_inputs(PyObject **value, PyObject **memo)
+{
+    PyObject *in = g_device_inputs;
+    if (in == NULL || !PyTuple_Check(in) || PyTuple_GET_SIZE(in) != 3
+            || !PyDict_CheckExact(PyTuple_GET_ITEM(in, 0)) || !PyDict_Check(PyTuple_GET_ITEM(in, 2)))
+        return 0;
+    static PyObject *memo_name;
+    if (memo_name == NULL && (memo_name = PyUnicode_InternFromString("_device_memo")) == NULL)
+        return 0;
+    *value = PyDict_GetItemWithError(PyTuple_GET_ITEM(in, 0), PyTuple_GET_ITEM(in, 1));
+    if (*value == NULL && PyErr_Occurred())
+        return 0;
+    *memo = PyDict_GetItemWithError(PyTuple_GET_ITEM(in, 2), memo_name);
+    return *memo != NULL;
+}
+
+static int
+cpu_selected(void)
+{
+    PyObject *value = NULL, *memo = NULL;
+    int known = device_inputs(&value, &memo);
+    if (known && seen_memo != NULL && memo == seen_memo && value == seen_value)
+        return seen_cpu;
+    PyErr_Clear();
+    PyObject *selected = Py_NewRef(g_cpu_selected);
+    PyObject *cpu = PyObject_CallNoArgs(selected);
+    Py_DECREF(selected);
+    int on_cpu = cpu == Py_True;
+    Py_XDECREF(cpu);
+    if (cpu == NULL)
+        return 0;
+    if (device_inputs(&value, &memo)) {      /* as they are after that answer */
+        Py_XSETREF(seen_value, Py_XNewRef(value));
+        Py_XSETREF(seen_memo, Py_NewRef(memo));
+        seen_cpu = on_cpu;
+    }
+    else {
+        PyErr_Clear();
+        Py_CLEAR(seen_memo);
+    }
+    return on_cpu;
 }
 
 int
@@ -83,12 +284,7 @@ kfx_fast_runtime_op(int32_t op, void *const *memrefs, int32_t nmem, const int32_
         kfx_gil_leave(&g);
         return KINA_FAST_DECLINED;
     }
-    PyObject *selected = Py_NewRef(g_cpu_selected);
-    PyObject *cpu = PyObject_CallNoArgs(selected);
-    Py_DECREF(selected);
-    int on_cpu = cpu == Py_True;
-    Py_XDECREF(cpu);
-    if (!on_cpu) {
+    if (!cpu_selected()) {
         PyErr_Clear();               /* the cffi path raises it again, properly */
         Py_DECREF(rows);
         kfx_gil_leave(&g);
@@ -124,18 +320,27 @@ kfx_fast_runtime_op(int32_t op, void *const *memrefs, int32_t nmem, const int32_
         kfx_gil_leave(&g);
         return KINA_FAST_DECLINED;
     }
-    PyObject *perform = Py_NewRef(g_op_perform);
-    PyObject *result = PyObject_Vectorcall(perform, args, (size_t)n, NULL);
-    Py_DECREF(perform);
+    PyObject *direct = Py_NewRef(PyTuple_GET_ITEM(row, 2)), *key = NULL;
+    int how = nparams == 0 ? try_direct(direct, args[0], args + 1, nmem, memrefs, &key, status)
+                           : DIRECT_NO;
+    if (how != DIRECT_DONE) {
+        PyObject *perform = Py_NewRef(g_op_perform);
+        PyObject *result = PyObject_Vectorcall(perform, args, (size_t)n, NULL);
+        Py_DECREF(perform);
+        if (result == NULL)
+            *status = kfx_report_exception();
+        else {
+            Py_DECREF(result);
+            *status = 0;
+            if (how == DIRECT_ADMIT)
+                admit_direct(direct, key, args + 1, nmem);
+        }
+    }
+    Py_XDECREF(key);
+    Py_DECREF(direct);
     while (n > 0)
         Py_DECREF(args[--n]);
     Py_DECREF(rows);
-    if (result == NULL)
-        *status = kfx_report_exception();
-    else {
-        Py_DECREF(result);
-        *status = 0;
-    }
     kfx_gil_leave(&g);
     return KINA_FAST_DONE;
 }

@@ -710,6 +710,42 @@ error:
     return NULL;
 }
 
+/* Whether ``perform(effect, ...)`` would find no handler here, and so run
+ * the effect's default: the same search, from the same place (C handlers'
+ * markers first).  1 / 0 / -1 (error).  The runtime ops' direct calls
+ * (op_calls.c) stand in for the default only then. */
+int
+kfx_effect_unhandled(PyObject *effect)
+{
+    if (kfx_materialize() < 0)
+        return -1;
+    PyObject *st = thread_state();
+    if (st == NULL)
+        return -1;
+    KFiber *cur = st == kfx_thread_state ? kfx_current : NULL;
+    PyObject *f;
+    Py_ssize_t i;
+    if (cur != NULL && cur->stack != NULL && PyList_CheckExact(cur->stack)) {
+        f = Py_NewRef((PyObject *)cur);
+        i = PyList_GET_SIZE(cur->stack) - 1;
+    }
+    else {
+        f = get_slot(st, g_tstate_t, off_current, s_current);
+        if (f == NULL || top_index(f, &i) < 0) {
+            Py_XDECREF(f);
+            Py_DECREF(st);
+            return -1;
+        }
+    }
+    PyObject *clause = NULL, *on = NULL;
+    int found = find_clause(&f, &i, effect, &clause, &on);
+    Py_XDECREF(clause);
+    Py_XDECREF(on);
+    Py_XDECREF(f);
+    Py_DECREF(st);
+    return found < 0 ? -1 : found == FOUND_NONE;
+}
+
 PyMethodDef kfx_perform_methods[] = {
     {"perform", (PyCFunction)(void (*)(void))perform, METH_FASTCALL | METH_KEYWORDS, perform_doc},
     {NULL, NULL, 0, NULL},

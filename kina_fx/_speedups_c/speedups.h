@@ -203,6 +203,8 @@ extern PyObject *g_report_fn;      /* ffi.effects._report_error (C ABI)         
 extern PyObject *g_op_rows;        /* ffi.ops.FAST_ROWS (runtime op exports)    */
 extern PyObject *g_cpu_selected;   /* ffi.ops._cpu_selected                     */
 extern PyObject *g_op_perform;     /* ffi.ops._fast_perform                     */
+extern PyObject *g_op_fp_context;  /* ffi.ops.FAST_FP_CONTEXT                   */
+extern PyObject *g_device_inputs;  /* gpu_ops.DEVICE_INPUTS                     */
 /* Read those three once kina_fx.ffi.ops is imported: 1, 0 (not yet), -1. */
 int kfx_import_op_collaborators(void);
 
@@ -399,6 +401,7 @@ PyObject *args_tuple(PyObject *const *args, Py_ssize_t n);
 PyObject *unhandled(PyObject *effect, PyObject *const *args, Py_ssize_t n);
 PyObject *suspend_py(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, PyObject *h);
 int find_clause(PyObject **fp, Py_ssize_t *ip, PyObject *effect, PyObject **clause, PyObject **on);
+int kfx_effect_unhandled(PyObject *effect);
 PyObject *perform_at(PyObject *st, PyObject *f, Py_ssize_t i, PyObject *effect,
                      PyObject *const *cargs, Py_ssize_t n);
 extern PyMethodDef kfx_perform_methods[];

@@ -156,12 +156,26 @@ def _cpu_selected() -> bool:
     return gpu_ops.device() == "cpu"
 
 
+def _direct_call(op):
+    """What the fast path needs to call ``op.direct`` itself, or None:
+    ``(the effect's default, op.direct, np.ndarray, {}, op.calls_direct)``.
+    The dict, filled by the C code, holds the operands' shapes that
+    ``calls_direct`` admitted; the default is compared by identity, so an
+    effect given another default never takes the direct call."""
+    if op.direct is None or op.params:
+        return None
+    return (op.effect.default, op.direct, np.ndarray, {}, op.calls_direct)
+
+
 # What the C fast path of the op exports (kina_fx/_speedups_c/op_calls.c)
 # reads, with the compiled implementation: what the callbacks above do on the
-# CPU backend.  Per row of the op table, its effect and the ViewCache dict of
-# each memref operand (None: rows with a device ordinal to check stay on the
-# callbacks); and perform with quiet floating-point conditions.
+# CPU backend.  Per row of the op table, its effect, the ViewCache dict of
+# each memref operand and its direct call (None: rows with a device ordinal
+# to check stay on the callbacks); perform with quiet floating-point
+# conditions; and those conditions' context variable, for the direct calls.
 FAST_ROWS = tuple(None if "device" in op.params else
-                  (op.effect, tuple(_VIEWS[(o.dtype, i == 0)].views for i, o in enumerate(op.operands)))
+                  (op.effect, tuple(_VIEWS[(o.dtype, i == 0)].views for i, o in enumerate(op.operands)),
+                   _direct_call(op))
                   for op in RUNTIME_OPS)
 _fast_perform = gpu_ops.quiet_fp(perform)
+FAST_FP_CONTEXT = gpu_ops.QUIET_FP_CONTEXT

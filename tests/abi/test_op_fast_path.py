@@ -54,11 +54,13 @@ def paths():
 
 def run(abi, name, operands, params=()):
     """Call export ``name`` on memrefs over ``operands`` (outputs first, a fresh
-    copy of each) twice: the first call makes the views, the second finds them
-    cached.  Returns [(status, error text, outputs)] of both."""
+    copy of each) three times: the first call makes the views, the second
+    finds them cached (and admits their shapes for the direct call, where
+    the op has one), the third may make the direct call.  Returns [(status,
+    error text, outputs)] of each."""
     out = []
     ms = [memref.from_numpy(a) for a in operands]
-    for _ in range(2):
+    for _ in range(3):
         for m, a in zip(ms, operands):
             m.array[...] = a
         status = getattr(abi.lib, name)(*[abi.ptr(m) for m in ms], *params)
@@ -108,6 +110,38 @@ CASES = {
                                            np.array([0, 4], np.int64)], ()),
     "relu": ("_mlir_ciface_runtime_relu_f32", lambda r: [np.zeros((5,), np.float32),
                                                         r.standard_normal(5).astype(np.float32)], ()),
+    "exp": ("_mlir_ciface_runtime_exp_f32", lambda r: [np.zeros((3, 4), np.float32),
+                                                      (r.standard_normal((3, 4)) * 60).astype(np.float32)], ()),
+    "log_of_negatives": ("_mlir_ciface_runtime_log_f32", lambda r: [np.zeros(6, np.float32),
+                                                                   r.standard_normal(6).astype(np.float32)], ()),
+    "tanh_rank0": ("_mlir_ciface_runtime_tanh_f32", lambda r: [np.zeros((), np.float32),
+                                                              np.array(r.standard_normal(), np.float32)], ()),
+    "sub_broadcast": ("_mlir_ciface_runtime_sub_f32", lambda r: [np.zeros((2, 3, 4), np.float32),
+                                                                r.standard_normal((3, 1)).astype(np.float32),
+                                                                r.standard_normal((2, 1, 4)).astype(np.float32)], ()),
+    "mul": ("_mlir_ciface_runtime_mul_f32", lambda r: [np.zeros(5, np.float32),
+                                                      r.standard_normal(5).astype(np.float32),
+                                                      r.standard_normal(5).astype(np.float32)], ()),
+    "div_by_zero": ("_mlir_ciface_runtime_div_f32", lambda r: [np.zeros(4, np.float32),
+                                                              r.standard_normal(4).astype(np.float32),
+                                                              np.array([0, 1, -0.0, 2], np.float32)], ()),
+    "pow": ("_mlir_ciface_runtime_pow_f32", lambda r: [np.zeros((2, 2), np.float32),
+                                                      r.standard_normal((2, 2)).astype(np.float32),
+                                                      np.array([0.5, 2], np.float32)], ()),
+    "sub_bad_out": ("_mlir_ciface_runtime_sub_f32", lambda r: [np.zeros(3, np.float32), np.ones(4, np.float32),
+                                                              np.ones(4, np.float32)], ()),
+    "matmul_vector": ("_mlir_ciface_runtime_gpu_matmul_f32", lambda r: [np.zeros(4, np.float32),
+                                                                       r.standard_normal(3).astype(np.float32),
+                                                                       r.standard_normal((3, 4)).astype(np.float32)], ()),
+    "matmul_dot": ("_mlir_ciface_runtime_gpu_matmul_f32", lambda r: [np.zeros((), np.float32),
+                                                                    r.standard_normal(3).astype(np.float32),
+                                                                    r.standard_normal(3).astype(np.float32)], ()),
+    "matmul_empty": ("_mlir_ciface_runtime_gpu_matmul_f32", lambda r: [np.ones((2, 3), np.float32),
+                                                                      np.zeros((2, 0), np.float32),
+                                                                      np.zeros((0, 3), np.float32)], ()),
+    "matmul_batched": ("_mlir_ciface_runtime_gpu_matmul_f32", lambda r: [np.zeros((2, 3, 4), np.float32),
+                                                                        r.standard_normal((2, 3, 5)).astype(np.float32),
+                                                                        r.standard_normal((5, 4)).astype(np.float32)], ()),
     "copy_to_device": ("_mlir_ciface_runtime_copy_to_device_f32", lambda r: [np.zeros((2, 3), np.float32),
                                                                             r.standard_normal((2, 3)).astype(np.float32)],
                        (1,)),
@@ -198,3 +232,160 @@ def test_another_backend_declines_the_fast_path(abi, paths, monkeypatch):
     monkeypatch.setenv("KINA_FX_DEVICE", "nonsense")
     status = getattr(abi.lib, name)(*[abi.ptr(m) for m in ms])
     assert status != 0 and "KINA_FX_DEVICE must be cpu, cuda or auto" in abi.last_error()
+
+
+# ---- the direct call (op_calls.c: the ops with RuntimeOp.direct) -------------------------------
+
+def python_functions_called(call):
+    """The (file, function) of every function of kina_fx's Python code run while ``call()`` runs."""
+    seen = []
+    package = str(Path(ffi_ops.__file__).parents[1])
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(package):
+            seen.append((Path(frame.f_code.co_filename).name, frame.f_code.co_name))
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def matmul_memrefs(seed=0):
+    name, make, _ = CASES["matmul"]
+    return name, [memref.from_numpy(a) for a in make(np.random.default_rng(seed))]
+
+
+def test_admitted_shapes_take_the_direct_call_with_no_python_frame(abi, paths):
+    # The first call makes the views, the second runs the effect's default
+    # and admits the shapes; from the third on, NumPy is called from C.
+    name, ms = matmul_memrefs()
+    paths.on()
+    memref.clear_caches()
+    fn, args = getattr(abi.lib, name), [abi.ptr(m) for m in ms]
+    calls = [python_functions_called(lambda: fn(*args)) for _ in range(4)]
+    assert any(f == "gpu_ops.py" for f, _ in calls[1])          # the default ran
+    assert calls[2] == calls[3] == []
+    np.testing.assert_array_equal(ms[0].array, ms[1].array @ ms[2].array)
+
+
+@pytest.mark.parametrize("case", ["matmul_dot", "matmul_empty", "tanh_rank0", "add_bad_out"])
+def test_shapes_a_kernel_treats_apart_are_never_admitted(abi, paths, case):
+    name, make, params = CASES[case]
+    ms = [memref.from_numpy(a) for a in make(np.random.default_rng(0))]
+    paths.on()
+    memref.clear_caches()
+    for _ in range(3):
+        getattr(abi.lib, name)(*[abi.ptr(m) for m in ms], *params)
+    fn, args = getattr(abi.lib, name), [abi.ptr(m) for m in ms] + list(params)
+    assert python_functions_called(lambda: fn(*args))
+
+
+def test_a_handler_installed_after_admission_still_answers(abi, paths):
+    name, ms = matmul_memrefs(1)
+    paths.on()
+    memref.clear_caches()
+    for _ in range(3):
+        assert getattr(abi.lib, name)(*[abi.ptr(m) for m in ms]) == 0
+    seen = []
+
+    def clause(out, a, b):
+        seen.append(out.shape)
+        out[...] = 7
+    with handlers.Handler(fun={effect_of("matmul"): clause}):
+        assert getattr(abi.lib, name)(*[abi.ptr(m) for m in ms]) == 0
+    assert seen == [(3, 4)] and (ms[0].array == 7).all()
+    assert getattr(abi.lib, name)(*[abi.ptr(m) for m in ms]) == 0     # and direct again after
+    np.testing.assert_array_equal(ms[0].array, ms[1].array @ ms[2].array)
+
+
+def test_a_handler_in_an_outer_fiber_still_answers(abi, paths):
+    from kina_fx import fiber
+
+    name, ms = matmul_memrefs(2)
+    paths.on()
+    memref.clear_caches()
+    for _ in range(3):
+        assert getattr(abi.lib, name)(*[abi.ptr(m) for m in ms]) == 0
+    seen = []
+
+    def body(_):
+        return getattr(abi.lib, name)(*[abi.ptr(m) for m in ms])
+
+    def clause(out, a, b):
+        seen.append("outer")
+        out[...] = -1
+    with handlers.Handler(fun={effect_of("matmul"): clause}):
+        assert fiber(body).resume_with(None, handlers.Handler(on={})) == 0
+    assert seen == ["outer"] and (ms[0].array == -1).all()
+
+
+def test_a_replaced_default_is_what_runs(abi, paths, monkeypatch):
+    name, ms = matmul_memrefs(3)
+    paths.on()
+    memref.clear_caches()
+    for _ in range(3):
+        assert getattr(abi.lib, name)(*[abi.ptr(m) for m in ms]) == 0
+    effect = effect_of("matmul")
+
+    def default(out, a, b):
+        out[...] = 3
+    monkeypatch.setattr(effect, "default", default)
+    assert getattr(abi.lib, name)(*[abi.ptr(m) for m in ms]) == 0
+    assert (ms[0].array == 3).all()
+
+
+def test_a_tape_records_admitted_shapes(abi, paths):
+    # A tape handles the op's effect: the call is recorded, not made directly.
+    ffi, lib = abi.ffi, abi.lib
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((3, 3)).astype(np.float32)
+    b = rng.standard_normal((3, 3)).astype(np.float32)
+    ma, mb, mo = (memref.from_numpy(x) for x in (a, b, np.zeros((3, 3), np.float32)))
+    paths.on()
+    memref.clear_caches()
+    for _ in range(3):
+        assert lib._mlir_ciface_runtime_gpu_matmul_f32(abi.ptr(mo), abi.ptr(ma), abi.ptr(mb)) == 0
+    tape = ffi.new("kina_tape_t *")
+    assert lib.kina_tape_begin(0, tape) == 0
+    assert lib.kina_tape_watch(tape[0], abi.ptr(ma), 1) == 0, abi.last_error()
+    assert lib.kina_tape_watch(tape[0], abi.ptr(mb), 1) == 0, abi.last_error()
+    assert lib._mlir_ciface_runtime_gpu_matmul_f32(abi.ptr(mo), abi.ptr(ma), abi.ptr(mb)) == 0
+    assert lib.kina_tape_end(tape[0]) == 0
+    seed = memref.from_numpy(np.ones((3, 3), np.float32))
+    assert lib.kina_tape_backward(tape[0], abi.ptr(mo), abi.ptr(seed)) == 0, abi.last_error()
+    g = memref.from_numpy(np.zeros((3, 3), np.float32))
+    assert lib.kina_tape_grad(tape[0], abi.ptr(ma), abi.ptr(g)) == 0, abi.last_error()
+    np.testing.assert_allclose(g.array, np.ones((3, 3), np.float32) @ b.T, rtol=1e-6)
+    assert lib.kina_tape_free(tape[0]) == 0
+
+
+def test_overlapping_operands_on_the_direct_call_read_before_writing(abi, paths):
+    rng = np.random.default_rng(5)
+    buf = rng.standard_normal((3, 3)).astype(np.float32)
+    b = rng.standard_normal((3, 3)).astype(np.float32)
+    m, mb = memref.from_numpy(buf), memref.from_numpy(b)
+    paths.on()
+    memref.clear_caches()
+    expected = buf.astype(np.float64)
+    for _ in range(4):                       # out is a: the third and fourth calls are direct
+        assert abi.lib._mlir_ciface_runtime_gpu_matmul_f32(abi.ptr(m), abi.ptr(m), abi.ptr(mb)) == 0
+        expected = expected @ b
+        np.testing.assert_allclose(m.array, expected, rtol=1e-4)
+
+
+def test_the_direct_call_prints_no_floating_point_warning(abi, paths, recwarn):
+    import warnings
+
+    name, make, _ = CASES["log_of_negatives"]
+    ms = [memref.from_numpy(a) for a in make(np.random.default_rng(6))]
+    paths.on()
+    memref.clear_caches()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with np.errstate(all="raise"):
+            for _ in range(4):
+                assert getattr(abi.lib, name)(*[abi.ptr(m) for m in ms]) == 0
+            assert np.geterr()["invalid"] == "raise"          # the caller's state, restored
+    assert np.isnan(ms[0].array[ms[1].array < 0]).all()
