@@ -364,6 +364,11 @@ _view_identities: dict = {}
 _caches.append(_view_identities)
 
 
+def register_cache(cache: dict) -> None:
+    """Have :func:`clear_caches` empty ``cache`` too (a memo of views kept elsewhere)."""
+    _caches.append(cache)
+
+
 def clear_caches() -> None:
     """Forget every memoised view (called when the runtime allocates or frees)."""
     for views in _caches:

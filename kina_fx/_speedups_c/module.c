@@ -32,7 +32,8 @@ PyObject *g_local, *g_handler_fun, *g_handler_on, *g_unhandled, *g_cancelled, *g
 PyTypeObject *g_fiber_t, *g_tstate_t, *g_skip_t, *g_handler_t, *g_tail_t, *g_chain_t, *g_cont_t,
              *g_stepper_t, *g_catch_t, *g_cclause_t, *g_chandler_t;
 PyObject *t_resume_names, *t_cache, *t_tail_calls, *t_names_function;
-PyObject *g_op_rows, *g_cpu_selected, *g_op_perform, *g_op_fp_context, *g_device_inputs;
+PyObject *g_op_rows, *g_cpu_selected, *g_op_perform, *g_op_fp_context, *g_device_inputs,
+         *g_op_last_direct;
 Py_ssize_t t_max_frames;
 int g_hop_depth;
 
@@ -119,6 +120,7 @@ static const collaborator op_collaborators[] = {
     {"kina_fx.ffi.ops", "_cpu_selected", &g_cpu_selected, CALLABLE, NULL},
     {"kina_fx.ffi.ops", "_fast_perform", &g_op_perform, CALLABLE, NULL},
     {"kina_fx.ffi.ops", "FAST_FP_CONTEXT", &g_op_fp_context, ANY, NULL},
+    {"kina_fx.ffi.ops", "FAST_LAST_DIRECT", &g_op_last_direct, ANY, NULL},
     {"kina_fx.gpu_ops", "DEVICE_INPUTS", &g_device_inputs, ANY, NULL},
 };
 

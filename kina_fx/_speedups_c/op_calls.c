@@ -184,6 +184,118 @@ try_direct(PyObject *direct, PyObject *effect, PyObject *const *views, int32_t n
     return DIRECT_DONE;
 }
 
+/* ---- the same direct call again ----------------------------------------------- *
+ *
+ * A training loop calls each op on the same buffers again and again.  The
+ * operands of each op's last direct call are remembered (ffi.ops.
+ * FAST_LAST_DIRECT: their ranks and descriptors' bytes, and their views), so
+ * a call with the very same descriptors needs no view lookup and no shapes
+ * lookup: the views are the ones the view caches gave then (the same bytes
+ * make the same view), and their shapes were admitted.  The entries are
+ * dropped with the view caches (memref.register_cache).  The effect's
+ * default and the handlers in scope are checked on every call. */
+
+#define LAST_BYTES_MAX 1024
+
+/* Each operand's rank, then its descriptor's bytes, into ``buf`` (the entry
+ * format); the length, or -1 when over LAST_BYTES_MAX. */
+static Py_ssize_t
+operands_bytes(void *const *memrefs, int32_t nmem, const Py_ssize_t *bytes, char *buf)
+{
+    Py_ssize_t n = 0;
+    for (int32_t k = 0; k < nmem; k++) {
+        const kfx_unranked_memref *m = memrefs[k];
+        if (n + (Py_ssize_t)sizeof(int64_t) + bytes[k] > LAST_BYTES_MAX)
+            return -1;
+        memcpy(buf + n, &m->rank, sizeof(int64_t));
+        n += sizeof(int64_t);
+        memcpy(buf + n, m->descriptor, (size_t)bytes[k]);
+        n += bytes[k];
+    }
+    return n;
+}
+
+static PyObject *
+last_direct_entry(int32_t op)
+{
+    PyObject *last = g_op_last_direct;
+    if (last == NULL || !PyDict_CheckExact(last))
+        return NULL;
+    PyObject *key = PyLong_FromLong(op);
+    PyObject *entry = key == NULL ? NULL : PyDict_GetItemWithError(last, key);
+    Py_XDECREF(key);
+    if (entry == NULL)
+        PyErr_Clear();
+    return entry;                    /* borrowed */
+}
+
+/* DIRECT_DONE (*status set) when this call's operands are the last direct
+ * call's and the direct call may be made (try_direct's conditions), else
+ * DIRECT_NO. */
+static int
+repeat_direct(int32_t op, PyObject *direct, PyObject *effect, void *const *memrefs,
+              int32_t nmem, const Py_ssize_t *bytes, int32_t *status)
+{
+    PyObject *entry = last_direct_entry(op);
+    if (entry == NULL || !PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != nmem + 1
+            || !PyBytes_CheckExact(PyTuple_GET_ITEM(entry, 0)))
+        return DIRECT_NO;
+    char buf[LAST_BYTES_MAX];
+    Py_ssize_t n = operands_bytes(memrefs, nmem, bytes, buf);
+    PyObject *raw = PyTuple_GET_ITEM(entry, 0);
+    if (n < 0 || n != PyBytes_GET_SIZE(raw) || memcmp(buf, PyBytes_AS_STRING(raw), (size_t)n) != 0)
+        return DIRECT_NO;
+    PyObject *dflt = PyObject_GetAttr(effect, s_default);
+    Py_XDECREF(dflt);
+    if (dflt != PyTuple_GET_ITEM(direct, 0)) {
+        PyErr_Clear();
+        return DIRECT_NO;
+    }
+    int unhandled = kfx_effect_unhandled(effect);
+    if (unhandled <= 0) {
+        PyErr_Clear();
+        return DIRECT_NO;
+    }
+    Py_INCREF(entry);
+    PyObject *r = call_direct(PyTuple_GET_ITEM(direct, 1), &PyTuple_GET_ITEM(entry, 1), nmem);
+    Py_DECREF(entry);
+    if (r == NULL)
+        *status = kfx_report_exception();
+    else {
+        Py_DECREF(r);
+        *status = 0;
+    }
+    return DIRECT_DONE;
+}
+
+/* After a successful direct call: remember its operands (see above). */
+static void
+remember_direct(int32_t op, void *const *memrefs, int32_t nmem, const Py_ssize_t *bytes,
+                PyObject *const *views)
+{
+    PyObject *last = g_op_last_direct;
+    char buf[LAST_BYTES_MAX];
+    Py_ssize_t n = operands_bytes(memrefs, nmem, bytes, buf);
+    if (last == NULL || !PyDict_CheckExact(last) || n < 0)
+        return;
+    PyObject *entry = PyTuple_New(nmem + 1);
+    PyObject *raw = entry == NULL ? NULL : PyBytes_FromStringAndSize(buf, n);
+    PyObject *key = raw == NULL ? NULL : PyLong_FromLong(op);
+    if (key != NULL) {
+        PyTuple_SET_ITEM(entry, 0, raw);
+        for (int32_t k = 0; k < nmem; k++)
+            PyTuple_SET_ITEM(entry, k + 1, Py_NewRef(views[k]));
+        if (PyDict_SetItem(last, key, entry) < 0)
+            PyErr_Clear();
+        Py_DECREF(key);
+    }
+    else {
+        Py_XDECREF(raw);
+        PyErr_Clear();
+    }
+    Py_XDECREF(entry);
+}
+
 /* After a successful call through the default: remember ``key`` when
  * RuntimeOp.calls_direct admits these operands.  Changes no status. */
 static void
@@ -290,6 +402,13 @@ kfx_fast_runtime_op(int32_t op, void *const *memrefs, int32_t nmem, const int32_
         kfx_gil_leave(&g);
         return KINA_FAST_DECLINED;
     }
+    if (nparams == 0 && PyTuple_GET_ITEM(row, 2) != Py_None
+            && repeat_direct(op, PyTuple_GET_ITEM(row, 2), PyTuple_GET_ITEM(row, 0), memrefs, nmem,
+                             bytes, status) == DIRECT_DONE) {
+        Py_DECREF(rows);
+        kfx_gil_leave(&g);
+        return KINA_FAST_DONE;
+    }
     PyObject *dicts = PyTuple_GET_ITEM(row, 1);
     PyObject *args[1 + KFX_OP_MAX_OPERANDS + KFX_OP_MAX_PARAMS];
     Py_ssize_t n = 0;
@@ -323,6 +442,8 @@ kfx_fast_runtime_op(int32_t op, void *const *memrefs, int32_t nmem, const int32_
     PyObject *direct = Py_NewRef(PyTuple_GET_ITEM(row, 2)), *key = NULL;
     int how = nparams == 0 ? try_direct(direct, args[0], args + 1, nmem, memrefs, &key, status)
                            : DIRECT_NO;
+    if (how == DIRECT_DONE && *status == 0)
+        remember_direct(op, memrefs, nmem, bytes, args + 1);
     if (how != DIRECT_DONE) {
         PyObject *perform = Py_NewRef(g_op_perform);
         PyObject *result = PyObject_Vectorcall(perform, args, (size_t)n, NULL);

@@ -179,3 +179,8 @@ FAST_ROWS = tuple(None if "device" in op.params else
                   for op in RUNTIME_OPS)
 _fast_perform = gpu_ops.quiet_fp(perform)
 FAST_FP_CONTEXT = gpu_ops.QUIET_FP_CONTEXT
+# Row index -> the operands of that op's last direct call: (their ranks and
+# descriptors' bytes, then their views), filled by op_calls.c; emptied with
+# the view caches.
+FAST_LAST_DIRECT: dict = {}
+memref.register_cache(FAST_LAST_DIRECT)

@@ -389,3 +389,23 @@ def test_the_direct_call_prints_no_floating_point_warning(abi, paths, recwarn):
                 assert getattr(abi.lib, name)(*[abi.ptr(m) for m in ms]) == 0
             assert np.geterr()["invalid"] == "raise"          # the caller's state, restored
     assert np.isnan(ms[0].array[ms[1].array < 0]).all()
+
+
+def test_the_last_direct_call_is_remembered_per_op_and_forgotten_with_the_views(abi, paths):
+    # Calls alternate between two outputs (different descriptors), values change
+    # between calls, and the view caches are dropped midway: every result is
+    # still the product of what the buffers hold at that call.
+    rng = np.random.default_rng(7)
+    a, b = (memref.from_numpy(rng.standard_normal((2, 2)).astype(np.float32)) for _ in range(2))
+    outs = [memref.from_numpy(np.zeros((2, 2), np.float32)) for _ in range(2)]
+    paths.on()
+    memref.clear_caches()
+    for i in range(12):
+        if i == 6:
+            memref.clear_caches()
+            assert not ffi_ops.FAST_LAST_DIRECT
+        a.array[...] = rng.standard_normal((2, 2))
+        out = outs[i % 2 if i < 8 else 0]
+        assert abi.lib._mlir_ciface_runtime_gpu_matmul_f32(abi.ptr(out), abi.ptr(a), abi.ptr(b)) == 0
+        np.testing.assert_allclose(out.array, a.array @ b.array, rtol=1e-6)
+    assert ffi_ops.FAST_LAST_DIRECT          # the last calls were direct, and remembered
