@@ -257,7 +257,7 @@ repeat_direct(int32_t op, PyObject *direct, PyObject *effect, void *const *memre
         return DIRECT_NO;
     }
     Py_INCREF(entry);
-    PyObject *r = call_direct(PyTuple_GET_ITEM(direct, 1), &PyTuple_GET_ITEM(entry, 1), nmem);
+    PyObject *r = call_direct(PyTuple_GET_ITEM(direct, 1), PySequence_Fast_ITEMS(entry) + 1, nmem);
     Py_DECREF(entry);
     if (r == NULL)
         *status = kfx_report_exception();
