@@ -99,6 +99,16 @@ def _signature(fn):
         return None if stand_in is None else inspect.signature(stand_in)
 
 
+@functools.lru_cache(maxsize=None)
+def _ufunc_defaults(ufunc) -> dict:
+    """The default of each keyword of ``ufunc``: its signature's where it has
+    one, else those every ufunc takes."""
+    sig = _signature(ufunc) if ufunc.__class__ is np.ufunc else None
+    own = {} if sig is None else {p.name: p.default for p in sig.parameters.values()
+                                  if p.default is not p.empty}
+    return {**_UFUNC_DEFAULTS, **own}
+
+
 def _is_default(value, default):
     if value is default or value is None:
         return True
@@ -122,9 +132,13 @@ def _call_rule(func, name, rule, args, kwargs):
     does not take is dropped at its default (None, or NumPy's default) and
     refused otherwise: never silently ignored."""
     nsig, rsig = _signature(func), _signature(rule)
-    if nsig is None:        # a ufunc: its inputs, then the keywords every ufunc has
+    if nsig is None or func.__class__ is np.ufunc:
+        # A ufunc: its inputs (NumPy has checked their number; outputs come as
+        # ``out=``), then keywords.  Binding them to the ufunc's signature
+        # (NumPy >= 2.4 gives one) would cost more than a small op.
+        defaults = _ufunc_defaults(func)
         unknown = {k for k, v in kwargs.items()
-                   if k not in rsig.parameters and not _is_default(v, _UFUNC_DEFAULTS.get(k))}
+                   if k not in rsig.parameters and not _is_default(v, defaults.get(k))}
         if unknown:
             raise _unsupported(name, rule, unknown)
         return rule(*args, **{k: v for k, v in kwargs.items() if k in rsig.parameters})
