@@ -252,19 +252,25 @@ def python_functions_called(call):
     return seen
 
 
-def matmul_memrefs(seed=0):
-    name, make, _ = CASES["matmul"]
-    return name, [memref.from_numpy(a) for a in make(np.random.default_rng(seed))]
+def admitted_call(abi, paths, case="matmul", seed=0, calls=3):
+    """``(call, memrefs)``: ``call()`` calls the export of ``CASES[case]`` on
+    fresh memrefs, with the fast path on, after ``calls`` calls from cold
+    caches (three: views made, shapes admitted, the first direct call)."""
+    name, make, params = CASES[case]
+    ms = [memref.from_numpy(a) for a in make(np.random.default_rng(seed))]
+    fn, args = getattr(abi.lib, name), [abi.ptr(m) for m in ms] + list(params)
+    paths.on()
+    memref.clear_caches()
+    for _ in range(calls):
+        fn(*args)
+    return (lambda: fn(*args)), ms
 
 
 def test_admitted_shapes_take_the_direct_call_with_no_python_frame(abi, paths):
     # The first call makes the views, the second runs the effect's default
     # and admits the shapes; from the third on, NumPy is called from C.
-    name, ms = matmul_memrefs()
-    paths.on()
-    memref.clear_caches()
-    fn, args = getattr(abi.lib, name), [abi.ptr(m) for m in ms]
-    calls = [python_functions_called(lambda: fn(*args)) for _ in range(4)]
+    call, ms = admitted_call(abi, paths, calls=0)
+    calls = [python_functions_called(call) for _ in range(4)]
     assert any(f == "gpu_ops.py" for f, _ in calls[1])          # the default ran
     assert calls[2] == calls[3] == []
     np.testing.assert_array_equal(ms[0].array, ms[1].array @ ms[2].array)
@@ -272,67 +278,45 @@ def test_admitted_shapes_take_the_direct_call_with_no_python_frame(abi, paths):
 
 @pytest.mark.parametrize("case", ["matmul_dot", "matmul_empty", "tanh_rank0", "add_bad_out"])
 def test_shapes_a_kernel_treats_apart_are_never_admitted(abi, paths, case):
-    name, make, params = CASES[case]
-    ms = [memref.from_numpy(a) for a in make(np.random.default_rng(0))]
-    paths.on()
-    memref.clear_caches()
-    for _ in range(3):
-        getattr(abi.lib, name)(*[abi.ptr(m) for m in ms], *params)
-    fn, args = getattr(abi.lib, name), [abi.ptr(m) for m in ms] + list(params)
-    assert python_functions_called(lambda: fn(*args))
+    call, _ = admitted_call(abi, paths, case)
+    assert python_functions_called(call)
 
 
 def test_a_handler_installed_after_admission_still_answers(abi, paths):
-    name, ms = matmul_memrefs(1)
-    paths.on()
-    memref.clear_caches()
-    for _ in range(3):
-        assert getattr(abi.lib, name)(*[abi.ptr(m) for m in ms]) == 0
+    call, ms = admitted_call(abi, paths, seed=1)
     seen = []
 
     def clause(out, a, b):
         seen.append(out.shape)
         out[...] = 7
     with handlers.Handler(fun={effect_of("matmul"): clause}):
-        assert getattr(abi.lib, name)(*[abi.ptr(m) for m in ms]) == 0
+        assert call() == 0
     assert seen == [(3, 4)] and (ms[0].array == 7).all()
-    assert getattr(abi.lib, name)(*[abi.ptr(m) for m in ms]) == 0     # and direct again after
+    assert call() == 0                                       # and direct again after
     np.testing.assert_array_equal(ms[0].array, ms[1].array @ ms[2].array)
 
 
 def test_a_handler_in_an_outer_fiber_still_answers(abi, paths):
     from kina_fx import fiber
 
-    name, ms = matmul_memrefs(2)
-    paths.on()
-    memref.clear_caches()
-    for _ in range(3):
-        assert getattr(abi.lib, name)(*[abi.ptr(m) for m in ms]) == 0
+    call, ms = admitted_call(abi, paths, seed=2)
     seen = []
-
-    def body(_):
-        return getattr(abi.lib, name)(*[abi.ptr(m) for m in ms])
 
     def clause(out, a, b):
         seen.append("outer")
         out[...] = -1
     with handlers.Handler(fun={effect_of("matmul"): clause}):
-        assert fiber(body).resume_with(None, handlers.Handler(on={})) == 0
+        assert fiber(lambda _: call()).resume_with(None, handlers.Handler(on={})) == 0
     assert seen == ["outer"] and (ms[0].array == -1).all()
 
 
 def test_a_replaced_default_is_what_runs(abi, paths, monkeypatch):
-    name, ms = matmul_memrefs(3)
-    paths.on()
-    memref.clear_caches()
-    for _ in range(3):
-        assert getattr(abi.lib, name)(*[abi.ptr(m) for m in ms]) == 0
-    effect = effect_of("matmul")
+    call, ms = admitted_call(abi, paths, seed=3)
 
     def default(out, a, b):
         out[...] = 3
-    monkeypatch.setattr(effect, "default", default)
-    assert getattr(abi.lib, name)(*[abi.ptr(m) for m in ms]) == 0
+    monkeypatch.setattr(effect_of("matmul"), "default", default)
+    assert call() == 0
     assert (ms[0].array == 3).all()
 
 
