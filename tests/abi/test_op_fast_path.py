@@ -393,3 +393,63 @@ def test_the_last_direct_call_is_remembered_per_op_and_forgotten_with_the_views(
         assert abi.lib._mlir_ciface_runtime_gpu_matmul_f32(abi.ptr(out), abi.ptr(a), abi.ptr(b)) == 0
         np.testing.assert_allclose(out.array, a.array @ b.array, rtol=1e-6)
     assert ffi_ops.FAST_LAST_DIRECT          # the last calls were direct, and remembered
+
+
+# Generated calls of the ops with a direct call: shapes that broadcast, that do
+# not, batched and vector matmuls, sizes 0 and rank 0, out aliasing an input
+# and values that overflow; each call made four times (views made, shapes
+# admitted, then direct twice) on both paths, bit for bit.
+DIRECT_OPS = {op.name: op for op in ffi_ops.RUNTIME_OPS if op.direct is not None}
+
+
+@st.composite
+def direct_calls(draw):
+    name = draw(st.sampled_from(sorted(DIRECT_OPS)))
+    op = DIRECT_OPS[name]
+    dims = st.integers(0, 3)
+    if name == "matmul":
+        a = draw(st.lists(dims, min_size=1, max_size=3))
+        b = draw(st.lists(dims, min_size=1, max_size=3))
+        if draw(st.booleans()):                          # usually inner dimensions that agree
+            b[-2 if len(b) >= 2 else 0] = a[-1]
+        shapes = [tuple(a), tuple(b)]
+    else:
+        shapes = [tuple(draw(st.lists(dims, max_size=3))) for _ in op.inputs]
+    try:
+        out_shape = tuple(op.check(*[np.empty(s, np.float32) for s in shapes]))
+    except Exception:
+        out_shape = tuple(draw(st.lists(dims, max_size=3)))   # an invalid call, refused alike
+    if draw(st.booleans()):
+        out_shape = tuple(draw(st.lists(dims, max_size=3)))   # perhaps the wrong out
+    alias = draw(st.booleans()) and shapes[0] == out_shape
+    scale = draw(st.sampled_from([1.0, 1e3, 1e30]))
+    return name, out_shape, shapes, alias, scale, draw(st.integers(0, 2**16))
+
+
+def call_direct_op(abi, name, out_shape, shapes, alias, scale, seed):
+    """Statuses, error texts and outputs of four calls of the export."""
+    rng = np.random.default_rng(seed)
+    arrays = [np.asarray(rng.standard_normal(s) * scale, dtype=np.float32) for s in shapes]
+    out = memref.from_numpy(np.full(out_shape, 0.5, np.float32))
+    ins = [out if alias and k == 0 else memref.from_numpy(a) for k, a in enumerate(arrays)]
+    fn = getattr(abi.lib, DIRECT_OPS[name].export)
+    results = []
+    for _ in range(4):
+        for m, a in zip(ins, arrays):
+            m.array[...] = a
+        status = fn(abi.ptr(out), *[abi.ptr(m) for m in ins])
+        results.append((status, abi.last_error() if status else "", out.array.copy()))
+    return results
+
+
+@settings(**{**SETTINGS, "max_examples": 60})
+@given(call=direct_calls())
+def test_generated_calls_agree_on_the_direct_and_the_cffi_paths(abi, paths, call):
+    memref.clear_caches()
+    paths.off()
+    reference = call_direct_op(abi, *call)
+    memref.clear_caches()
+    paths.on()
+    fast = call_direct_op(abi, *call)
+    for r, f in zip(reference, fast):
+        same(r, f)
