@@ -75,7 +75,7 @@ _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_O
 
 #: The keywords every ufunc takes, at the values that change nothing.
 _UFUNC_DEFAULTS = {"where": True, "casting": "same_kind", "order": "K", "dtype": None,
-                   "subok": True, "signature": None}
+                   "subok": True, "signature": None, "keepdims": False}
 
 
 #: Stand-ins with the signatures NumPy >= 2.3 gives these builtins; NumPy 2.2

@@ -127,3 +127,24 @@ def test_plain_tensors_are_refused_too_by_functions_without_rules():
 def test_the_tables_hold_only_functions_numpy_dispatches():
     assert all(dispatched(f) for f in NONDIFFERENTIABLE)
     assert all(dispatched(f) for f in ad.NUMPY_RULES)
+
+
+@pytest.mark.parametrize("keywords", [{}, {"keepdims": False}, {"casting": "same_kind"},
+                                      {"dtype": None}, {"subok": True}])
+def test_a_ufunc_on_a_tensor_takes_its_keywords_at_their_defaults(keywords):
+    # NumPy >= 2.4 gives ufuncs signatures; the keywords are read either way.
+    x = np.arange(6.0).reshape(2, 3)
+    w = np.linspace(-1.0, 1.0, 12).reshape(3, 4)
+    t = np.ones((2, 4))
+
+    def f(w):
+        return ad.sum(np.matmul(x, w, **keywords) * t)
+    np.testing.assert_allclose(ad.grad(f)(w), x.T @ t)
+
+
+@pytest.mark.parametrize("keywords", [{"axes": [(-2, -1), (-2, -1), (-2, -1)]}, {"keepdims": True},
+                                      {"dtype": np.float32}, {"casting": "unsafe"}])
+def test_a_ufunc_on_a_tensor_refuses_keywords_its_rule_would_ignore(keywords):
+    x, w = np.ones((2, 3)), np.ones((3, 4))
+    with pytest.raises(KinaTypeError, match="numpy.matmul"):
+        ad.grad(lambda w: ad.sum(np.matmul(x, w, **keywords)))(w)
