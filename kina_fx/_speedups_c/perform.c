@@ -579,6 +579,25 @@ refuse_keywords(PyObject *effect, PyObject *kwnames)
     return NULL;
 }
 
+/* Where a perform's search starts: ``*f`` (a new reference) is the running
+ * fiber of thread state ``st``, ``*i`` its innermost handler entry.  0 / -1. */
+static inline int
+search_start(PyObject *st, PyObject **f, Py_ssize_t *i)
+{
+    KFiber *cur = st == kfx_thread_state ? kfx_current : NULL;
+    if (cur != NULL && cur->stack != NULL && PyList_CheckExact(cur->stack)) {   /* the usual case */
+        *f = Py_NewRef((PyObject *)cur);
+        *i = PyList_GET_SIZE(cur->stack) - 1;
+        return 0;
+    }
+    *f = get_slot(st, g_tstate_t, off_current, s_current);
+    if (*f == NULL || top_index(*f, i) < 0) {
+        Py_CLEAR(*f);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 perform(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -599,14 +618,9 @@ perform(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs, Py
     PyObject *st = thread_state();
     if (st == NULL)
         return NULL;
-    KFiber *cur = st == kfx_thread_state ? kfx_current : NULL;
-    if (cur != NULL && cur->stack != NULL && PyList_CheckExact(cur->stack))   /* the usual case */
-        return perform_at(st, Py_NewRef((PyObject *)cur), PyList_GET_SIZE(cur->stack) - 1,
-                          effect, cargs, n);
-    PyObject *f = get_slot(st, g_tstate_t, off_current, s_current);
+    PyObject *f;
     Py_ssize_t i;
-    if (f == NULL || top_index(f, &i) < 0) {
-        Py_XDECREF(f);
+    if (search_start(st, &f, &i) < 0) {
         Py_DECREF(st);
         return NULL;
     }
@@ -722,20 +736,11 @@ kfx_effect_unhandled(PyObject *effect)
     PyObject *st = thread_state();
     if (st == NULL)
         return -1;
-    KFiber *cur = st == kfx_thread_state ? kfx_current : NULL;
     PyObject *f;
     Py_ssize_t i;
-    if (cur != NULL && cur->stack != NULL && PyList_CheckExact(cur->stack)) {
-        f = Py_NewRef((PyObject *)cur);
-        i = PyList_GET_SIZE(cur->stack) - 1;
-    }
-    else {
-        f = get_slot(st, g_tstate_t, off_current, s_current);
-        if (f == NULL || top_index(f, &i) < 0) {
-            Py_XDECREF(f);
-            Py_DECREF(st);
-            return -1;
-        }
+    if (search_start(st, &f, &i) < 0) {
+        Py_DECREF(st);
+        return -1;
     }
     PyObject *clause = NULL, *on = NULL;
     int found = find_clause(&f, &i, effect, &clause, &on);
