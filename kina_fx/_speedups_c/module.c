@@ -119,8 +119,8 @@ static const collaborator op_collaborators[] = {
     {"kina_fx.ffi.ops", "FAST_ROWS", &g_op_rows, ANY, NULL},
     {"kina_fx.ffi.ops", "_cpu_selected", &g_cpu_selected, CALLABLE, NULL},
     {"kina_fx.ffi.ops", "_fast_perform", &g_op_perform, CALLABLE, NULL},
-    {"kina_fx.ffi.ops", "FAST_FP_CONTEXT", &g_op_fp_context, ANY, NULL},
     {"kina_fx.ffi.ops", "FAST_LAST_DIRECT", &g_op_last_direct, ANY, NULL},
+    {"kina_fx.gpu_ops", "QUIET_FP_CONTEXT", &g_op_fp_context, ANY, NULL},
     {"kina_fx.gpu_ops", "DEVICE_INPUTS", &g_device_inputs, ANY, NULL},
 };
 

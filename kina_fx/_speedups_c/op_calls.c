@@ -68,10 +68,11 @@ kfx_check_op_rows(PyObject *rows)
  * tanh), the fast path calls that function itself, ``direct(*inputs,
  * out=out)`` under quiet floating-point conditions, instead of performing the
  * effect, when all of this holds (else the effect is performed, as before):
+ *   - the effect still has the default the row was built with, and no
+ *     handler in scope handles the effect (kfx_effect_unhandled: the search
+ *     perform would make), so perform would run that default
+ *     (direct_allowed, asked once per call);
  *   - every view is exactly a NumPy array;
- *   - the effect still has the default the row was built with;
- *   - no handler in scope handles the effect (kfx_effect_unhandled: the
- *     search perform would make), so perform would run that default;
  *   - these operand shapes were admitted before: after a successful call
  *     through the default, RuntimeOp.calls_direct said that the default
  *     computes exactly the direct call for them (a valid call, none of the
@@ -79,103 +80,88 @@ kfx_check_op_rows(PyObject *rows)
  *     row's dict, keyed by each operand's rank and sizes.
  * What it saves: perform's Python default, the kernel's frames and checks,
  * and the floating-point wrapper's frame (8,000 of a 2x2 matmul's 25,600
- * instructions: docs/benchmarks.md). */
+ * instructions: docs/benchmarks.md).
+ *
+ * A training loop calls each op on the same buffers again and again, so the
+ * operands of each op's last direct call are remembered too (ffi.ops.
+ * FAST_LAST_DIRECT: their ranks and descriptors' bytes, and their views): a
+ * call with the very same descriptors needs no view lookup and no shapes
+ * lookup, the views being the ones the view caches gave then (the same bytes
+ * make the same view) and their shapes admitted.  The entries are dropped
+ * with the view caches (memref.register_cache). */
 
 enum { DIRECT_NO, DIRECT_DONE, DIRECT_ADMIT };
 
 #define DIRECT_MEMO_MAX 1024
+/* The longest operands_key: each operand's rank and whole descriptor. */
+#define KEY_BYTES_MAX (KFX_OP_MAX_OPERANDS * 8 * (1 + 3 + 2 * KFX_OP_MAX_RANK))
 
-/* Each operand's rank and sizes, as bytes: the key of the admitted shapes. */
-static PyObject *
-shapes_key(void *const *memrefs, int32_t nmem)
+/* Each operand's rank, then its sizes (``whole``: its descriptor's bytes,
+ * ``bytes[k]`` of them), into ``buf``; returns the length.  The key of the
+ * admitted shapes, and (whole) of the last direct call. */
+static Py_ssize_t
+operands_key(void *const *memrefs, int32_t nmem, const Py_ssize_t *bytes, int whole, char *buf)
 {
-    int64_t buf[KFX_OP_MAX_OPERANDS * (1 + KFX_OP_MAX_RANK)];
     Py_ssize_t n = 0;
     for (int32_t k = 0; k < nmem; k++) {
         const kfx_unranked_memref *m = memrefs[k];
-        buf[n++] = m->rank;
+        memcpy(buf + n, &m->rank, sizeof(int64_t));
+        n += sizeof(int64_t);
         /* the descriptor: allocated, aligned, offset, sizes[rank], strides[rank] */
-        memcpy(&buf[n], (const char *)m->descriptor + 3 * sizeof(int64_t),
-               (size_t)m->rank * sizeof(int64_t));
-        n += m->rank;
+        const char *from = (const char *)m->descriptor + (whole ? 0 : 3 * sizeof(int64_t));
+        size_t len = whole ? (size_t)bytes[k] : (size_t)m->rank * sizeof(int64_t);
+        memcpy(buf + n, from, len);
+        n += (Py_ssize_t)len;
     }
-    return PyBytes_FromStringAndSize((const char *)buf, n * (Py_ssize_t)sizeof(int64_t));
+    return n;
+}
+
+/* Whether performing ``effect`` here would run the default the row ``direct``
+ * was built with, NumPy's error state can be set from C, and so a direct
+ * call may stand in for it (1 / 0; errors are cleared: perform meets them
+ * again, and reports them). */
+static int
+direct_allowed(PyObject *direct, PyObject *effect)
+{
+    PyObject *ctx = g_op_fp_context;
+    if (ctx == NULL || !PyTuple_Check(ctx) || PyTuple_GET_SIZE(ctx) != 2
+            || !PyContextVar_CheckExact(PyTuple_GET_ITEM(ctx, 0)))
+        return 0;                   /* NumPy 1.x keeps its error state elsewhere */
+    PyObject *dflt = PyObject_GetAttr(effect, s_default);
+    Py_XDECREF(dflt);               /* compared by identity only; the effect keeps it */
+    int allowed = dflt == PyTuple_GET_ITEM(direct, 0) && kfx_effect_unhandled(effect) > 0;
+    PyErr_Clear();
+    return allowed;
 }
 
 /* ``direct(*views[1:], out=views[0])`` with NumPy's floating-point
- * conditions ignored (gpu_ops.QUIET_FP_CONTEXT); NULL with an exception. */
-static PyObject *
-call_direct(PyObject *fn, PyObject *const *views, int32_t nmem)
+ * conditions ignored (gpu_ops.QUIET_FP_CONTEXT); sets *status (0, or the
+ * exception's).  Returns DIRECT_DONE. */
+static int
+call_direct(PyObject *direct, PyObject *const *views, int32_t nmem, int32_t *status)
 {
     static PyObject *out_kw;
-    if (out_kw == NULL && (out_kw = Py_BuildValue("(s)", "out")) == NULL)
-        return NULL;
-    PyObject *ctx = g_op_fp_context;
-    PyObject *var = PyTuple_GET_ITEM(ctx, 0), *quiet = PyTuple_GET_ITEM(ctx, 1);
-    PyObject *token = PyContextVar_Set(var, quiet);
-    if (token == NULL)
-        return NULL;
-    PyObject *args[KFX_OP_MAX_OPERANDS];
-    for (int32_t k = 1; k < nmem; k++)
-        args[k - 1] = views[k];
-    args[nmem - 1] = views[0];
-    PyObject *r = PyObject_Vectorcall(fn, args, (size_t)(nmem - 1), out_kw);
-    PyObject *pending = r == NULL ? exc_save() : NULL;
-    int reset = PyContextVar_Reset(var, token);
-    Py_DECREF(token);
-    if (reset < 0) {
-        Py_XDECREF(pending);
-        Py_XDECREF(r);
-        return NULL;
-    }
-    if (pending != NULL)
-        exc_restore(pending);
-    return r;
-}
-
-/* Whether this call may be the direct call (see above): DIRECT_DONE (made;
- * *status set), DIRECT_ADMIT (not made: the shapes are not admitted yet;
- * *key is their key, a new reference, to admit after the call), DIRECT_NO. */
-static int
-try_direct(PyObject *direct, PyObject *effect, PyObject *const *views, int32_t nmem,
-           void *const *memrefs, PyObject **key, int32_t *status)
-{
-    PyObject *ctx = g_op_fp_context;
-    if (direct == Py_None || ctx == NULL || !PyTuple_Check(ctx) || PyTuple_GET_SIZE(ctx) != 2
-            || !PyContextVar_CheckExact(PyTuple_GET_ITEM(ctx, 0)))
-        return DIRECT_NO;           /* NumPy 1.x keeps its error state elsewhere */
-    PyObject *ndarray = PyTuple_GET_ITEM(direct, 2);
-    for (int32_t k = 0; k < nmem; k++)
-        if ((PyObject *)Py_TYPE(views[k]) != ndarray)
-            return DIRECT_NO;
-    PyObject *dflt = PyObject_GetAttr(effect, s_default);
-    Py_XDECREF(dflt);               /* compared by identity only; the effect keeps it */
-    if (dflt != PyTuple_GET_ITEM(direct, 0)) {
-        PyErr_Clear();
-        return DIRECT_NO;
-    }
-    int unhandled = kfx_effect_unhandled(effect);
-    if (unhandled <= 0) {
-        PyErr_Clear();              /* perform meets the same error, and reports it */
-        return DIRECT_NO;
-    }
-    PyObject *k = shapes_key(memrefs, nmem);
-    if (k == NULL) {
-        PyErr_Clear();
-        return DIRECT_NO;
-    }
-    PyObject *admitted = PyDict_GetItemWithError(PyTuple_GET_ITEM(direct, 3), k);
-    if (admitted == NULL) {
-        if (PyErr_Occurred()) {
-            PyErr_Clear();
-            Py_DECREF(k);
-            return DIRECT_NO;
+    PyObject *var = PyTuple_GET_ITEM(g_op_fp_context, 0), *quiet = PyTuple_GET_ITEM(g_op_fp_context, 1);
+    PyObject *token = NULL, *r = NULL;
+    if (out_kw == NULL)
+        out_kw = Py_BuildValue("(s)", "out");
+    if (out_kw != NULL)
+        token = PyContextVar_Set(var, quiet);
+    if (token != NULL) {
+        PyObject *args[KFX_OP_MAX_OPERANDS];
+        for (int32_t k = 1; k < nmem; k++)
+            args[k - 1] = views[k];
+        args[nmem - 1] = views[0];
+        r = PyObject_Vectorcall(PyTuple_GET_ITEM(direct, 1), args, (size_t)(nmem - 1), out_kw);
+        PyObject *pending = r == NULL ? exc_save() : NULL;
+        if (PyContextVar_Reset(var, token) < 0) {
+            Py_XDECREF(pending);
+            Py_CLEAR(r);
         }
-        *key = k;
-        return DIRECT_ADMIT;
+        else if (pending != NULL)
+            exc_restore(pending);
+        Py_DECREF(token);
     }
-    Py_DECREF(k);
-    PyObject *r = call_direct(PyTuple_GET_ITEM(direct, 1), views, nmem);
     if (r == NULL)
         *status = kfx_report_exception();
     else {
@@ -185,87 +171,55 @@ try_direct(PyObject *direct, PyObject *effect, PyObject *const *views, int32_t n
     return DIRECT_DONE;
 }
 
-/* ---- the same direct call again ----------------------------------------------- *
- *
- * A training loop calls each op on the same buffers again and again.  The
- * operands of each op's last direct call are remembered (ffi.ops.
- * FAST_LAST_DIRECT: their ranks and descriptors' bytes, and their views), so
- * a call with the very same descriptors needs no view lookup and no shapes
- * lookup: the views are the ones the view caches gave then (the same bytes
- * make the same view), and their shapes were admitted.  The entries are
- * dropped with the view caches (memref.register_cache).  The effect's
- * default and the handlers in scope are checked on every call. */
-
-#define LAST_BYTES_MAX 1024
-
-/* Each operand's rank, then its descriptor's bytes, into ``buf`` (the entry
- * format); the length, or -1 when over LAST_BYTES_MAX. */
-static Py_ssize_t
-operands_bytes(void *const *memrefs, int32_t nmem, const Py_ssize_t *bytes, char *buf)
-{
-    Py_ssize_t n = 0;
-    for (int32_t k = 0; k < nmem; k++) {
-        const kfx_unranked_memref *m = memrefs[k];
-        if (n + (Py_ssize_t)sizeof(int64_t) + bytes[k] > LAST_BYTES_MAX)
-            return -1;
-        memcpy(buf + n, &m->rank, sizeof(int64_t));
-        n += sizeof(int64_t);
-        memcpy(buf + n, m->descriptor, (size_t)bytes[k]);
-        n += bytes[k];
-    }
-    return n;
-}
-
-static PyObject *
-last_direct_entry(int32_t op)
-{
-    PyObject *last = g_op_last_direct;
-    if (last == NULL || !PyDict_CheckExact(last))
-        return NULL;
-    PyObject *key = PyLong_FromLong(op);
-    PyObject *entry = key == NULL ? NULL : PyDict_GetItemWithError(last, key);
-    Py_XDECREF(key);
-    if (entry == NULL)
-        PyErr_Clear();
-    return entry;                    /* borrowed */
-}
-
-/* DIRECT_DONE (*status set) when this call's operands are the last direct
- * call's and the direct call may be made (try_direct's conditions), else
- * DIRECT_NO. */
+/* With the direct call allowed: DIRECT_DONE (made; *status set) when the
+ * shapes were admitted, DIRECT_ADMIT (not made: *key, a new reference, is
+ * their key, to admit after the call), DIRECT_NO. */
 static int
-repeat_direct(int32_t op, PyObject *direct, PyObject *effect, void *const *memrefs,
-              int32_t nmem, const Py_ssize_t *bytes, int32_t *status)
+try_direct(PyObject *direct, PyObject *const *views, int32_t nmem, void *const *memrefs,
+           PyObject **key, int32_t *status)
 {
-    PyObject *entry = last_direct_entry(op);
+    PyObject *ndarray = PyTuple_GET_ITEM(direct, 2);
+    for (int32_t k = 0; k < nmem; k++)
+        if ((PyObject *)Py_TYPE(views[k]) != ndarray)
+            return DIRECT_NO;
+    char buf[KEY_BYTES_MAX];
+    PyObject *k = PyBytes_FromStringAndSize(buf, operands_key(memrefs, nmem, NULL, 0, buf));
+    PyObject *admitted = k == NULL ? NULL : PyDict_GetItemWithError(PyTuple_GET_ITEM(direct, 3), k);
+    if (admitted != NULL) {
+        Py_DECREF(k);
+        return call_direct(direct, views, nmem, status);
+    }
+    if (k == NULL || PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_XDECREF(k);
+        return DIRECT_NO;
+    }
+    *key = k;
+    return DIRECT_ADMIT;
+}
+
+/* With the direct call allowed: DIRECT_DONE (*status set) when this call's
+ * operands are the last direct call's, else DIRECT_NO. */
+static int
+repeat_direct(int32_t op, PyObject *direct, void *const *memrefs, int32_t nmem,
+              const Py_ssize_t *bytes, int32_t *status)
+{
+    PyObject *last = g_op_last_direct, *key = PyLong_FromLong(op);
+    PyObject *entry = last == NULL || key == NULL || !PyDict_CheckExact(last) ? NULL
+                      : PyDict_GetItemWithError(last, key);
+    Py_XDECREF(key);
+    PyErr_Clear();
     if (entry == NULL || !PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != nmem + 1
             || !PyBytes_CheckExact(PyTuple_GET_ITEM(entry, 0)))
         return DIRECT_NO;
-    char buf[LAST_BYTES_MAX];
-    Py_ssize_t n = operands_bytes(memrefs, nmem, bytes, buf);
+    char buf[KEY_BYTES_MAX];
+    Py_ssize_t n = operands_key(memrefs, nmem, bytes, 1, buf);
     PyObject *raw = PyTuple_GET_ITEM(entry, 0);
-    if (n < 0 || n != PyBytes_GET_SIZE(raw) || memcmp(buf, PyBytes_AS_STRING(raw), (size_t)n) != 0)
+    if (n != PyBytes_GET_SIZE(raw) || memcmp(buf, PyBytes_AS_STRING(raw), (size_t)n) != 0)
         return DIRECT_NO;
-    PyObject *dflt = PyObject_GetAttr(effect, s_default);
-    Py_XDECREF(dflt);
-    if (dflt != PyTuple_GET_ITEM(direct, 0)) {
-        PyErr_Clear();
-        return DIRECT_NO;
-    }
-    int unhandled = kfx_effect_unhandled(effect);
-    if (unhandled <= 0) {
-        PyErr_Clear();
-        return DIRECT_NO;
-    }
-    Py_INCREF(entry);
-    PyObject *r = call_direct(PyTuple_GET_ITEM(direct, 1), PySequence_Fast_ITEMS(entry) + 1, nmem);
+    Py_INCREF(entry);                /* the call may drop it from the dict */
+    call_direct(direct, PySequence_Fast_ITEMS(entry) + 1, nmem, status);
     Py_DECREF(entry);
-    if (r == NULL)
-        *status = kfx_report_exception();
-    else {
-        Py_DECREF(r);
-        *status = 0;
-    }
     return DIRECT_DONE;
 }
 
@@ -275,26 +229,24 @@ remember_direct(int32_t op, void *const *memrefs, int32_t nmem, const Py_ssize_t
                 PyObject *const *views)
 {
     PyObject *last = g_op_last_direct;
-    char buf[LAST_BYTES_MAX];
-    Py_ssize_t n = operands_bytes(memrefs, nmem, bytes, buf);
-    if (last == NULL || !PyDict_CheckExact(last) || n < 0)
+    if (last == NULL || !PyDict_CheckExact(last))
         return;
+    char buf[KEY_BYTES_MAX];
     PyObject *entry = PyTuple_New(nmem + 1);
-    PyObject *raw = entry == NULL ? NULL : PyBytes_FromStringAndSize(buf, n);
+    PyObject *raw = entry == NULL ? NULL
+                    : PyBytes_FromStringAndSize(buf, operands_key(memrefs, nmem, bytes, 1, buf));
     PyObject *key = raw == NULL ? NULL : PyLong_FromLong(op);
     if (key != NULL) {
         PyTuple_SET_ITEM(entry, 0, raw);
         for (int32_t k = 0; k < nmem; k++)
             PyTuple_SET_ITEM(entry, k + 1, Py_NewRef(views[k]));
-        if (PyDict_SetItem(last, key, entry) < 0)
-            PyErr_Clear();
+        PyDict_SetItem(last, key, entry);
         Py_DECREF(key);
     }
-    else {
+    else
         Py_XDECREF(raw);
-        PyErr_Clear();
-    }
     Py_XDECREF(entry);
+    PyErr_Clear();
 }
 
 /* After a successful call through the default: remember ``key`` when
@@ -303,17 +255,14 @@ static void
 admit_direct(PyObject *direct, PyObject *key, PyObject *const *views, int32_t nmem)
 {
     PyObject *admits = PyObject_Vectorcall(PyTuple_GET_ITEM(direct, 4), views, (size_t)nmem, NULL);
-    int yes = admits == NULL ? -1 : PyObject_IsTrue(admits);
-    Py_XDECREF(admits);
-    if (yes > 0) {
+    if (admits != NULL && PyObject_IsTrue(admits) > 0) {
         PyObject *memo = PyTuple_GET_ITEM(direct, 3);
         if (PyDict_GET_SIZE(memo) >= DIRECT_MEMO_MAX)
             PyDict_Clear(memo);
-        if (PyDict_SetItem(memo, key, Py_True) < 0)
-            yes = -1;
+        PyDict_SetItem(memo, key, Py_True);
     }
-    if (yes < 0)
-        PyErr_Clear();
+    Py_XDECREF(admits);
+    PyErr_Clear();
 }
 
 /* ffi.ops._cpu_selected(), asked again only when what decides it may have
@@ -403,9 +352,9 @@ kfx_fast_runtime_op(int32_t op, void *const *memrefs, int32_t nmem, const int32_
         kfx_gil_leave(&g);
         return KINA_FAST_DECLINED;
     }
-    if (nparams == 0 && PyTuple_GET_ITEM(row, 2) != Py_None
-            && repeat_direct(op, PyTuple_GET_ITEM(row, 2), PyTuple_GET_ITEM(row, 0), memrefs, nmem,
-                             bytes, status) == DIRECT_DONE) {
+    PyObject *direct = nparams == 0 ? PyTuple_GET_ITEM(row, 2) : Py_None;
+    int allowed = direct != Py_None && direct_allowed(direct, PyTuple_GET_ITEM(row, 0));
+    if (allowed && repeat_direct(op, direct, memrefs, nmem, bytes, status) == DIRECT_DONE) {
         Py_DECREF(rows);
         kfx_gil_leave(&g);
         return KINA_FAST_DONE;
@@ -440,9 +389,8 @@ kfx_fast_runtime_op(int32_t op, void *const *memrefs, int32_t nmem, const int32_
         kfx_gil_leave(&g);
         return KINA_FAST_DECLINED;
     }
-    PyObject *direct = Py_NewRef(PyTuple_GET_ITEM(row, 2)), *key = NULL;
-    int how = nparams == 0 ? try_direct(direct, args[0], args + 1, nmem, memrefs, &key, status)
-                           : DIRECT_NO;
+    PyObject *key = NULL;
+    int how = allowed ? try_direct(direct, args + 1, nmem, memrefs, &key, status) : DIRECT_NO;
     if (how == DIRECT_DONE && *status == 0)
         remember_direct(op, memrefs, nmem, bytes, args + 1);
     if (how != DIRECT_DONE) {
@@ -459,7 +407,6 @@ kfx_fast_runtime_op(int32_t op, void *const *memrefs, int32_t nmem, const int32_
         }
     }
     Py_XDECREF(key);
-    Py_DECREF(direct);
     while (n > 0)
         Py_DECREF(args[--n]);
     Py_DECREF(rows);

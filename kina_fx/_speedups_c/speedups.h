@@ -203,10 +203,10 @@ extern PyObject *g_report_fn;      /* ffi.effects._report_error (C ABI)         
 extern PyObject *g_op_rows;        /* ffi.ops.FAST_ROWS (runtime op exports)    */
 extern PyObject *g_cpu_selected;   /* ffi.ops._cpu_selected                     */
 extern PyObject *g_op_perform;     /* ffi.ops._fast_perform                     */
-extern PyObject *g_op_fp_context;  /* ffi.ops.FAST_FP_CONTEXT                   */
+extern PyObject *g_op_fp_context;  /* gpu_ops.QUIET_FP_CONTEXT                  */
 extern PyObject *g_device_inputs;  /* gpu_ops.DEVICE_INPUTS                     */
 extern PyObject *g_op_last_direct; /* ffi.ops.FAST_LAST_DIRECT                  */
-/* Read those three once kina_fx.ffi.ops is imported: 1, 0 (not yet), -1. */
+/* Read those once kina_fx.ffi.ops is imported: 1, 0 (not yet), -1. */
 int kfx_import_op_collaborators(void);
 
 /* Stepper.NEW, RUNNING, SUSPENDED, DONE, FAILED, CANCELLED: their index is the

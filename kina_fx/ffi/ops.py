@@ -171,14 +171,13 @@ def _direct_call(op):
 # reads, with the compiled implementation: what the callbacks above do on the
 # CPU backend.  Per row of the op table, its effect, the ViewCache dict of
 # each memref operand and its direct call (None: rows with a device ordinal
-# to check stay on the callbacks); perform with quiet floating-point
-# conditions; and those conditions' context variable, for the direct calls.
+# to check stay on the callbacks); and perform with quiet floating-point
+# conditions (the direct calls set them through gpu_ops.QUIET_FP_CONTEXT).
 FAST_ROWS = tuple(None if "device" in op.params else
                   (op.effect, tuple(_VIEWS[(o.dtype, i == 0)].views for i, o in enumerate(op.operands)),
                    _direct_call(op))
                   for op in RUNTIME_OPS)
 _fast_perform = gpu_ops.quiet_fp(perform)
-FAST_FP_CONTEXT = gpu_ops.QUIET_FP_CONTEXT
 # Row index -> the operands of that op's last direct call: (their ranks and
 # descriptors' bytes, then their views), filled by op_calls.c; emptied with
 # the view caches.
