@@ -453,3 +453,37 @@ def test_generated_calls_agree_on_the_direct_and_the_cffi_paths(abi, paths, call
     fast = call_direct_op(abi, *call)
     for r, f in zip(reference, fast):
         same(r, f)
+
+
+@pytest.mark.integration                # gcc builds the C handler: CI must not skip it
+def test_a_c_handler_pushed_after_admission_still_sees_the_call(abi, paths, tmp_path):
+    # A C handler of a runtime op's effect is in scope (docs/abi.md: the
+    # export then returns the type status and writes nothing), so the direct
+    # call must not stand in for the default, admitted shapes or not.
+    import cffi
+
+    from kina_fx.errors import Status
+    from support.abi import build_fixture_library
+
+    src = tmp_path / "answer.c"
+    src.write_text('#include "kina_fx.h"\n'
+                   "int32_t answer(void *ctx, int32_t e, const int64_t *a, int32_t n, int64_t *out)\n"
+                   "{ (void)ctx; (void)e; (void)a; (void)n; *out = 0; return 0; }\n")
+    c = cffi.FFI()
+    c.cdef("int32_t answer(void *, int32_t, const int64_t *, int32_t, int64_t *);")
+    fixture = c.dlopen(str(build_fixture_library(src, tmp_path / "answer.so")))
+    fn = abi.ffi.cast("kina_handler_fn", c.cast("void *", c.addressof(fixture, "answer")))
+    call, ms = admitted_call(abi, paths, "exp", calls=4)
+    before = ms[0].array.copy()
+    ids = abi.ffi.new("int32_t[1]", [effect_of("exp").id])
+    handle = abi.ffi.new("kina_handler_t *")
+    assert abi.lib.kina_push_handler(fn, abi.ffi.NULL, ids, 1, handle) == Status.SUCCESS
+    try:
+        ms[0].array[...] = -1
+        assert call() == Status.TYPE
+        assert "must be an int to cross the C ABI" in abi.last_error()
+        assert (ms[0].array == -1).all()
+    finally:
+        assert abi.lib.kina_pop_handler(handle[0]) == Status.SUCCESS
+    assert call() == Status.SUCCESS                     # direct again once it is popped
+    np.testing.assert_array_equal(ms[0].array, before)

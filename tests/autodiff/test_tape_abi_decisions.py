@@ -254,7 +254,8 @@ def test_a_refused_op_under_a_lenient_tape_when_the_primitive_fails(abi):
 
 # ---- sigmoid at rank 0 -----------------------------------------------------------------
 
-@pytest.fixture(params=["expit", "fallback"])
+# SciPy is one of CI's packages (the demo extra): its expit must not go untested there.
+@pytest.fixture(params=[pytest.param("expit", marks=pytest.mark.integration), "fallback"])
 def sigmoid_kernel(request, monkeypatch):
     """The runtime's sigmoid kernel: SciPy's expit, or the tanh formula without SciPy."""
     if request.param == "fallback":

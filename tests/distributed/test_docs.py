@@ -41,8 +41,7 @@ def test_the_page_runs_on_two_processes(script, tmp_path):
     mpiexec = mpiexec_or_skip()
     env = dict(os.environ, KINA_FX_DISTRIBUTED="mpi", KINA_FX_DIST_TIMEOUT="60", PAGE_OUT=str(tmp_path))
     result = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script)], stdin=subprocess.DEVNULL,
-                            capture_output=True,
-                            text=True, timeout=300, env=env)
+                            capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     for r in range(2):
         marker = tmp_path / f"rank{r}"

@@ -221,9 +221,9 @@ def test_a_clause_ending_in_another_continuations_resume_finishes_it_before_the_
     # Found by the differential tests (on 3.10; every version was wrong).
     # Open (issue 16): on 3.13 with the compiled implementation, after the
     # whole of tests/effects has run in the same process (not alone, not
-    # after any one of its files), k is sometimes still referenced when the
-    # clause returns, so it is taken as kept and unwound when that reference
-    # goes, before f runs.
+    # after any one of its files), k was once still referenced when the
+    # clause returned, so it was taken as kept and unwound when that reference
+    # went, before f ran (not seen again since: docs/effects.md).
     if impl == "compiled" and sys.version_info >= (3, 13):
         request.node.add_marker(pytest.mark.xfail(strict=False, reason=(
             "3.13, compiled, after the whole effects suite: k looks kept (issue 16, open)")))
