@@ -362,6 +362,9 @@ _caches: list = []
 #: entry holds the view, so its id cannot be reused while the entry exists.
 _view_identities: dict = {}
 _caches.append(_view_identities)
+#: The same dict, for the compiled tape clause (``_speedups_c/tape_calls.c``),
+#: which reads an operand's identity there as :func:`identity` does first.
+VIEW_IDENTITIES = _view_identities
 
 
 def register_cache(cache: dict) -> None:

@@ -60,7 +60,8 @@ class Operand:
         return self.dtype.kind == "f"
 
 
-def _as_given(*args):
+def as_given(*args):
+    """The default ``primitive_args``: the export's arguments, as they are."""
     return args
 
 
@@ -77,7 +78,7 @@ class RuntimeOp:
     check: Callable                   # check(*inputs, *params) -> output shape, or ValidationError
     primitive: str | None             # the autograd primitive computing it (IDENTITY, None: see below)
     doc: str
-    primitive_args: Callable = _as_given   # (*inputs, *params) -> the primitive's arguments
+    primitive_args: Callable = as_given    # (*inputs, *params) -> the primitive's arguments
     seed: bool = False                # one of the specification's exports: [stable]
     # Whether the NumPy kernel reads every input before writing ``out`` however
     # they overlap (ufuncs, matmul, take, and kernels that build their result

@@ -35,13 +35,15 @@ two_buffers(PyObject *first, int first_flags, PyObject *second, Py_buffer *a, Py
     return 1;
 }
 
-/* same_bytes(a, b) */
-static PyObject *
-compare_bytes(PyObject *first, PyObject *second)
+/* Whether C-contiguous buffers ``first`` and ``second`` hold the same bytes:
+ * 1 / 0, or KFX_NOT_BUFFERS (either is not such a buffer; no error set).
+ * Also the tape clauses' overwrite check (tape_calls.c). */
+int
+kfx_same_bytes(PyObject *first, PyObject *second)
 {
     Py_buffer a, b;
     if (!two_buffers(first, 0, second, &a, &b))
-        Py_RETURN_NOTIMPLEMENTED;
+        return KFX_NOT_BUFFERS;
     int same;
     if (a.len != b.len)
         same = 0;
@@ -56,16 +58,18 @@ compare_bytes(PyObject *first, PyObject *second)
     }
     PyBuffer_Release(&a);
     PyBuffer_Release(&b);
-    return PyBool_FromLong(same);
+    return same;
 }
 
-/* copy_bytes(dst, src) */
-static PyObject *
-copy_into(PyObject *first, PyObject *second)
+/* Copy C-contiguous buffer ``second`` into C-contiguous writable buffer
+ * ``first`` of the same length: 1, or KFX_NOT_BUFFERS having written nothing
+ * (no error set). */
+int
+kfx_copy_bytes(PyObject *first, PyObject *second)
 {
     Py_buffer dst, src;
     if (!two_buffers(first, PyBUF_WRITABLE, second, &dst, &src))
-        Py_RETURN_NOTIMPLEMENTED;
+        return KFX_NOT_BUFFERS;
     int same_length = dst.len == src.len;
     if (same_length && dst.buf != src.buf && dst.len > 0) {
         if (dst.len < KFX_RELEASE_GIL_BYTES)
@@ -78,7 +82,24 @@ copy_into(PyObject *first, PyObject *second)
     }
     PyBuffer_Release(&dst);
     PyBuffer_Release(&src);
-    if (!same_length)
+    return same_length ? 1 : KFX_NOT_BUFFERS;
+}
+
+/* same_bytes(a, b) */
+static PyObject *
+compare_bytes(PyObject *first, PyObject *second)
+{
+    int same = kfx_same_bytes(first, second);
+    if (same == KFX_NOT_BUFFERS)
+        Py_RETURN_NOTIMPLEMENTED;
+    return PyBool_FromLong(same);
+}
+
+/* copy_bytes(dst, src) */
+static PyObject *
+copy_into(PyObject *first, PyObject *second)
+{
+    if (kfx_copy_bytes(first, second) == KFX_NOT_BUFFERS)
         Py_RETURN_NOTIMPLEMENTED;
     Py_RETURN_TRUE;
 }

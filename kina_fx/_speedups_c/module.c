@@ -32,8 +32,9 @@ PyObject *g_local, *g_handler_fun, *g_handler_on, *g_unhandled, *g_cancelled, *g
 PyTypeObject *g_fiber_t, *g_tstate_t, *g_skip_t, *g_handler_t, *g_tail_t, *g_chain_t, *g_cont_t,
              *g_stepper_t, *g_catch_t, *g_cclause_t, *g_chandler_t;
 PyObject *t_resume_names, *t_cache, *t_tail_calls, *t_names_function;
+PyObject *kfx_perform_fn;
 PyObject *g_op_rows, *g_cpu_selected, *g_op_perform, *g_op_fp_context, *g_device_inputs,
-         *g_op_last_direct;
+         *g_op_last_direct, *g_op_last_views;
 Py_ssize_t t_max_frames;
 int g_hop_depth;
 
@@ -120,6 +121,7 @@ static const collaborator op_collaborators[] = {
     {"kina_fx.ffi.ops", "_cpu_selected", &g_cpu_selected, CALLABLE, NULL},
     {"kina_fx.ffi.ops", "_fast_perform", &g_op_perform, CALLABLE, NULL},
     {"kina_fx.ffi.ops", "FAST_LAST_DIRECT", &g_op_last_direct, ANY, NULL},
+    {"kina_fx.ffi.ops", "FAST_LAST_VIEWS", &g_op_last_views, ANY, NULL},
     {"kina_fx.gpu_ops", "QUIET_FP_CONTEXT", &g_op_fp_context, ANY, NULL},
     {"kina_fx.gpu_ops", "DEVICE_INPUTS", &g_device_inputs, ANY, NULL},
 };
@@ -369,8 +371,12 @@ PyInit__speedups(void)
     if (kfx_add_data_types(m) < 0 || PyModule_AddFunctions(m, kfx_perform_methods) < 0
             || PyModule_AddFunctions(m, kfx_tail_methods) < 0
             || PyModule_AddFunctions(m, kfx_round_trip_methods) < 0
-            || PyModule_AddFunctions(m, kfx_buffers_methods) < 0
+            || PyModule_AddFunctions(m, kfx_buffers_methods) < 0 || kfx_add_tape_calls(m) < 0
             || kfx_add_c_fibers(m) < 0 || kfx_init_round_trip() < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    if ((kfx_perform_fn = PyObject_GetAttrString(m, "perform")) == NULL) {
         Py_DECREF(m);
         return NULL;
     }

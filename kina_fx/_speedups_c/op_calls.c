@@ -116,6 +116,16 @@ operands_key(void *const *memrefs, int32_t nmem, const Py_ssize_t *bytes, int wh
     return n;
 }
 
+/* Whether the quiet context can be set from C (NumPy 2: a context
+ * variable; NumPy 1.x keeps its error state elsewhere). */
+static int
+quiet_context_known(void)
+{
+    PyObject *ctx = g_op_fp_context;
+    return ctx != NULL && PyTuple_Check(ctx) && PyTuple_GET_SIZE(ctx) == 2
+           && PyContextVar_CheckExact(PyTuple_GET_ITEM(ctx, 0));
+}
+
 /* Whether performing ``effect`` here would run the default the row ``direct``
  * was built with, NumPy's error state can be set from C, and so a direct
  * call may stand in for it (1 / 0; errors are cleared: perform meets them
@@ -123,10 +133,8 @@ operands_key(void *const *memrefs, int32_t nmem, const Py_ssize_t *bytes, int wh
 static int
 direct_allowed(PyObject *direct, PyObject *effect)
 {
-    PyObject *ctx = g_op_fp_context;
-    if (ctx == NULL || !PyTuple_Check(ctx) || PyTuple_GET_SIZE(ctx) != 2
-            || !PyContextVar_CheckExact(PyTuple_GET_ITEM(ctx, 0)))
-        return 0;                   /* NumPy 1.x keeps its error state elsewhere */
+    if (!quiet_context_known())
+        return 0;
     PyObject *dflt = PyObject_GetAttr(effect, s_default);
     Py_XDECREF(dflt);               /* compared by identity only; the effect keeps it */
     int allowed = dflt == PyTuple_GET_ITEM(direct, 0) && kfx_effect_unhandled(effect) > 0;
@@ -134,33 +142,45 @@ direct_allowed(PyObject *direct, PyObject *effect)
     return allowed;
 }
 
+/* ``callable(*args)`` with NumPy's floating-point conditions ignored, as
+ * gpu_ops.quiet_fp makes it: its context variable set to
+ * gpu_ops.QUIET_FP_CONTEXT's value around the call.  direct_allowed said
+ * that the context is there. */
+static PyObject *
+quiet_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *var = PyTuple_GET_ITEM(g_op_fp_context, 0), *quiet = PyTuple_GET_ITEM(g_op_fp_context, 1);
+    PyObject *token = PyContextVar_Set(var, quiet);
+    if (token == NULL)
+        return NULL;
+    PyObject *r = PyObject_Vectorcall(callable, args, nargsf, kwnames);
+    PyObject *pending = r == NULL ? exc_save() : NULL;
+    if (PyContextVar_Reset(var, token) < 0) {
+        Py_XDECREF(pending);
+        Py_CLEAR(r);
+    }
+    else if (pending != NULL)
+        exc_restore(pending);
+    Py_DECREF(token);
+    return r;
+}
+
 /* ``direct(*views[1:], out=views[0])`` with NumPy's floating-point
- * conditions ignored (gpu_ops.QUIET_FP_CONTEXT); sets *status (0, or the
- * exception's).  Returns DIRECT_DONE. */
+ * conditions ignored; sets *status (0, or the exception's).  Returns
+ * DIRECT_DONE. */
 static int
 call_direct(PyObject *direct, PyObject *const *views, int32_t nmem, int32_t *status)
 {
     static PyObject *out_kw;
-    PyObject *var = PyTuple_GET_ITEM(g_op_fp_context, 0), *quiet = PyTuple_GET_ITEM(g_op_fp_context, 1);
-    PyObject *token = NULL, *r = NULL;
+    PyObject *r = NULL;
     if (out_kw == NULL)
         out_kw = Py_BuildValue("(s)", "out");
-    if (out_kw != NULL)
-        token = PyContextVar_Set(var, quiet);
-    if (token != NULL) {
+    if (out_kw != NULL) {
         PyObject *args[KFX_OP_MAX_OPERANDS];
         for (int32_t k = 1; k < nmem; k++)
             args[k - 1] = views[k];
         args[nmem - 1] = views[0];
-        r = PyObject_Vectorcall(PyTuple_GET_ITEM(direct, 1), args, (size_t)(nmem - 1), out_kw);
-        PyObject *pending = r == NULL ? exc_save() : NULL;
-        if (PyContextVar_Reset(var, token) < 0) {
-            Py_XDECREF(pending);
-            Py_CLEAR(r);
-        }
-        else if (pending != NULL)
-            exc_restore(pending);
-        Py_DECREF(token);
+        r = quiet_vectorcall(PyTuple_GET_ITEM(direct, 1), args, (size_t)(nmem - 1), out_kw);
     }
     if (r == NULL)
         *status = kfx_report_exception();
@@ -198,38 +218,35 @@ try_direct(PyObject *direct, PyObject *const *views, int32_t nmem, void *const *
     return DIRECT_ADMIT;
 }
 
-/* With the direct call allowed: DIRECT_DONE (*status set) when this call's
- * operands are the last direct call's, else DIRECT_NO. */
-static int
-repeat_direct(int32_t op, PyObject *direct, void *const *memrefs, int32_t nmem,
-              const Py_ssize_t *bytes, int32_t *status)
+/* The entry of ``memo`` (FAST_LAST_DIRECT or FAST_LAST_VIEWS: op index ->
+ * (ranks and descriptors' bytes, views...)) for op ``op`` when its operands
+ * have these very descriptors (borrowed), else NULL (errors cleared). */
+static PyObject *
+recall_views(PyObject *memo, int32_t op, void *const *memrefs, int32_t nmem, const Py_ssize_t *bytes)
 {
-    PyObject *last = g_op_last_direct, *key = PyLong_FromLong(op);
-    PyObject *entry = last == NULL || key == NULL || !PyDict_CheckExact(last) ? NULL
-                      : PyDict_GetItemWithError(last, key);
+    PyObject *key = PyLong_FromLong(op);
+    PyObject *entry = memo == NULL || key == NULL || !PyDict_CheckExact(memo) ? NULL
+                      : PyDict_GetItemWithError(memo, key);
     Py_XDECREF(key);
     PyErr_Clear();
     if (entry == NULL || !PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != nmem + 1
             || !PyBytes_CheckExact(PyTuple_GET_ITEM(entry, 0)))
-        return DIRECT_NO;
+        return NULL;
     char buf[KEY_BYTES_MAX];
     Py_ssize_t n = operands_key(memrefs, nmem, bytes, 1, buf);
     PyObject *raw = PyTuple_GET_ITEM(entry, 0);
     if (n != PyBytes_GET_SIZE(raw) || memcmp(buf, PyBytes_AS_STRING(raw), (size_t)n) != 0)
-        return DIRECT_NO;
-    Py_INCREF(entry);                /* the call may drop it from the dict */
-    call_direct(direct, PySequence_Fast_ITEMS(entry) + 1, nmem, status);
-    Py_DECREF(entry);
-    return DIRECT_DONE;
+        return NULL;
+    return entry;
 }
 
-/* After a successful direct call: remember its operands (see above). */
+/* Remember in ``memo`` the views of a call whose operands had these
+ * descriptors (see recall_views). */
 static void
-remember_direct(int32_t op, void *const *memrefs, int32_t nmem, const Py_ssize_t *bytes,
-                PyObject *const *views)
+remember_views(PyObject *memo, int32_t op, void *const *memrefs, int32_t nmem, const Py_ssize_t *bytes,
+               PyObject *const *views)
 {
-    PyObject *last = g_op_last_direct;
-    if (last == NULL || !PyDict_CheckExact(last))
+    if (memo == NULL || !PyDict_CheckExact(memo))
         return;
     char buf[KEY_BYTES_MAX];
     PyObject *entry = PyTuple_New(nmem + 1);
@@ -240,13 +257,28 @@ remember_direct(int32_t op, void *const *memrefs, int32_t nmem, const Py_ssize_t
         PyTuple_SET_ITEM(entry, 0, raw);
         for (int32_t k = 0; k < nmem; k++)
             PyTuple_SET_ITEM(entry, k + 1, Py_NewRef(views[k]));
-        PyDict_SetItem(last, key, entry);
+        PyDict_SetItem(memo, key, entry);
         Py_DECREF(key);
     }
     else
         Py_XDECREF(raw);
     Py_XDECREF(entry);
     PyErr_Clear();
+}
+
+/* With the direct call allowed: DIRECT_DONE (*status set) when this call's
+ * operands are the last direct call's, else DIRECT_NO. */
+static int
+repeat_direct(int32_t op, PyObject *direct, void *const *memrefs, int32_t nmem,
+              const Py_ssize_t *bytes, int32_t *status)
+{
+    PyObject *entry = recall_views(g_op_last_direct, op, memrefs, nmem, bytes);
+    if (entry == NULL)
+        return DIRECT_NO;
+    Py_INCREF(entry);                /* the call may drop it from the dict */
+    call_direct(direct, PySequence_Fast_ITEMS(entry) + 1, nmem, status);
+    Py_DECREF(entry);
+    return DIRECT_DONE;
 }
 
 /* After a successful call through the default: remember ``key`` when
@@ -364,7 +396,11 @@ kfx_fast_runtime_op(int32_t op, void *const *memrefs, int32_t nmem, const int32_
     Py_ssize_t n = 0;
     args[n++] = Py_NewRef(PyTuple_GET_ITEM(row, 0));
     int declined = 0;
-    for (int32_t k = 0; k < nmem && !declined; k++) {
+    /* the views of this op's last call through the effect, for the same descriptors */
+    PyObject *recalled = recall_views(g_op_last_views, op, memrefs, nmem, bytes);
+    for (int32_t k = 0; recalled != NULL && k < nmem; k++)
+        args[n++] = Py_NewRef(PyTuple_GET_ITEM(recalled, k + 1));
+    for (int32_t k = recalled != NULL ? nmem : 0; k < nmem && !declined; k++) {
         const kfx_unranked_memref *m = memrefs[k];
         PyObject *key = PyBytes_FromStringAndSize((const char *)m->descriptor, bytes[k]);
         PyObject *view = key == NULL ? NULL : PyDict_GetItemWithError(PyTuple_GET_ITEM(dicts, k), key);
@@ -392,10 +428,14 @@ kfx_fast_runtime_op(int32_t op, void *const *memrefs, int32_t nmem, const int32_
     PyObject *key = NULL;
     int how = allowed ? try_direct(direct, args + 1, nmem, memrefs, &key, status) : DIRECT_NO;
     if (how == DIRECT_DONE && *status == 0)
-        remember_direct(op, memrefs, nmem, bytes, args + 1);
+        remember_views(g_op_last_direct, op, memrefs, nmem, bytes, args + 1);
     if (how != DIRECT_DONE) {
-        PyObject *perform = Py_NewRef(g_op_perform);
-        PyObject *result = PyObject_Vectorcall(perform, args, (size_t)n, NULL);
+        /* perform under quiet floating-point conditions: ffi.ops._fast_perform,
+         * or its two parts from here (saving the Python wrapper's frame) */
+        PyObject *perform = Py_NewRef(quiet_context_known() ? kfx_perform_fn : g_op_perform);
+        PyObject *result = perform == kfx_perform_fn
+                           ? quiet_vectorcall(perform, args, (size_t)n, NULL)
+                           : PyObject_Vectorcall(perform, args, (size_t)n, NULL);
         Py_DECREF(perform);
         if (result == NULL)
             *status = kfx_report_exception();
@@ -404,6 +444,8 @@ kfx_fast_runtime_op(int32_t op, void *const *memrefs, int32_t nmem, const int32_
             *status = 0;
             if (how == DIRECT_ADMIT)
                 admit_direct(direct, key, args + 1, nmem);
+            if (recalled == NULL && nparams == 0)
+                remember_views(g_op_last_views, op, memrefs, nmem, bytes, args + 1);
         }
     }
     Py_XDECREF(key);

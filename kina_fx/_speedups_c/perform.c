@@ -751,6 +751,49 @@ kfx_effect_unhandled(PyObject *effect)
     return found < 0 ? -1 : found == FOUND_NONE;
 }
 
+/* Whether ``perform(effect, ...)`` here would run the fun clause of
+ * ``handler`` (an entry of a fiber's handler stack, not a control handler),
+ * and a perform made by that clause would find nothing beyond it and run the
+ * effect's default: the handler is the only one in scope for the effect.
+ * 1 / 0 / -1 (error).  The tape clauses (tape_calls.c) record an autograd
+ * primitive themselves only then, as that handler's clause would. */
+int
+kfx_sole_handler(PyObject *effect, PyObject *handler)
+{
+    if (kfx_materialize() < 0)
+        return -1;
+    PyObject *st = thread_state();
+    if (st == NULL)
+        return -1;
+    PyObject *f;
+    Py_ssize_t i;
+    if (search_start(st, &f, &i) < 0) {
+        Py_DECREF(st);
+        return -1;
+    }
+    PyObject *clause = NULL, *on = NULL;
+    int found = find_clause(&f, &i, effect, &clause, &on);
+    int sole = found < 0 ? -1 : 0;
+    if (found == FOUND_FUN && i >= 0) {
+        PyObject *entry = stack_item(f, i);
+        if (entry == NULL)
+            sole = -1;
+        else if (entry == handler) {
+            /* the search a perform inside that clause makes: below its entry */
+            Py_CLEAR(clause);
+            i -= 1;
+            found = find_clause(&f, &i, effect, &clause, &on);
+            sole = found < 0 ? -1 : found == FOUND_NONE;
+        }
+        Py_XDECREF(entry);
+    }
+    Py_XDECREF(clause);
+    Py_XDECREF(on);
+    Py_XDECREF(f);
+    Py_DECREF(st);
+    return sole;
+}
+
 PyMethodDef kfx_perform_methods[] = {
     {"perform", (PyCFunction)(void (*)(void))perform, METH_FASTCALL | METH_KEYWORDS, perform_doc},
     {NULL, NULL, 0, NULL},

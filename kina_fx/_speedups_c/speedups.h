@@ -203,9 +203,11 @@ extern PyObject *g_report_fn;      /* ffi.effects._report_error (C ABI)         
 extern PyObject *g_op_rows;        /* ffi.ops.FAST_ROWS (runtime op exports)    */
 extern PyObject *g_cpu_selected;   /* ffi.ops._cpu_selected                     */
 extern PyObject *g_op_perform;     /* ffi.ops._fast_perform                     */
+extern PyObject *kfx_perform_fn;   /* this module's perform (module.c sets it)   */
 extern PyObject *g_op_fp_context;  /* gpu_ops.QUIET_FP_CONTEXT                  */
 extern PyObject *g_device_inputs;  /* gpu_ops.DEVICE_INPUTS                     */
 extern PyObject *g_op_last_direct; /* ffi.ops.FAST_LAST_DIRECT                  */
+extern PyObject *g_op_last_views;  /* ffi.ops.FAST_LAST_VIEWS                   */
 /* Read those once kina_fx.ffi.ops is imported: 1, 0 (not yet), -1. */
 int kfx_import_op_collaborators(void);
 
@@ -403,6 +405,15 @@ PyObject *unhandled(PyObject *effect, PyObject *const *args, Py_ssize_t n);
 PyObject *suspend_py(PyObject *effect, PyObject *const *args, Py_ssize_t n, PyObject *f, PyObject *h);
 int find_clause(PyObject **fp, Py_ssize_t *ip, PyObject *effect, PyObject **clause, PyObject **on);
 int kfx_effect_unhandled(PyObject *effect);
+int kfx_sole_handler(PyObject *effect, PyObject *handler);
+
+/* buffers.c */
+#define KFX_NOT_BUFFERS (-2)
+int kfx_same_bytes(PyObject *first, PyObject *second);
+int kfx_copy_bytes(PyObject *dst, PyObject *src);
+
+/* tape_calls.c */
+int kfx_add_tape_calls(PyObject *module);
 PyObject *perform_at(PyObject *st, PyObject *f, Py_ssize_t i, PyObject *effect,
                      PyObject *const *cargs, Py_ssize_t n);
 extern PyMethodDef kfx_perform_methods[];

@@ -47,7 +47,9 @@ from .. import fibers, memref
 from ..errors import KinaTypeError, ValidationError
 from ..gpu_ops import array_module
 from ..handlers import Effect, Handler, perform
-from ..runtime_ops import RUNTIME_OPS
+from ..runtime_ops import IDENTITY, RUNTIME_OPS, as_given
+from .primitives import PRIMITIVES, registry_generation
+from .tape import compiled_recording
 
 __all__ = ["TapeError", "BufferTracer", "MemoryTape", "buffer_key", "current_tracer"]
 
@@ -147,6 +149,10 @@ class BufferTracer:
         if self.recording:
             raise ValidationError(f"{self!r} is already recording")
         self.parent = current_tracer()
+        global _handlers_generation
+        if _handlers_generation != registry_generation():    # the op table changed: rebuild
+            _handlers.clear()
+            _handlers_generation = registry_generation()
         handler, slot = _handlers.pop() if _handlers else _new_handler()
         slot.tracer = self
         try:
@@ -317,6 +323,7 @@ class _Slot:
 # Handlers of stopped tracers, reused: building one (a clause per runtime op)
 # costs more than a small compiled function's whole call.
 _handlers: list = []
+_handlers_generation = -1
 
 
 def _new_handler():
@@ -325,10 +332,32 @@ def _new_handler():
     def clause_for(op):
         def clause(out, *args):
             return slot.tracer.apply(op, out, args)
-        return clause
+        return _compiled_clause(op, slot, clause) or clause
     fun = {op.effect: clause_for(op) for op in RUNTIME_OPS}
     fun[CURRENT_TRACER] = lambda: slot.tracer
     return Handler(fun=fun), slot
+
+
+_FLOATING = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _compiled_clause(op, slot, clause):
+    """``clause`` (the reference: ``slot.tracer.apply``) wrapped in its compiled
+    form, which records the common case of a direct op itself
+    (``kina_fx/_speedups_c/tape_calls.c`` says which), or None (pure Python,
+    or an op it does not cover)."""
+    make = getattr(fibers.speedups, "TracerClause", None)
+    if (make is None or op.direct is None or op.params or op.primitive in (None, IDENTITY)
+            or op.primitive_args is not as_given):
+        return None
+    prim = PRIMITIVES.get(op.primitive)
+    recording = None if prim is None else compiled_recording(prim)
+    if recording is None or recording[0] != len(op.inputs):
+        return None
+    spec = (op.direct, op.calls_direct, {}, prim.effect, prim.effect.default, prim, *recording,
+            (BufferTracer, MemoryTape), _Entry, ad.Tensor, ad.Tape, np.ndarray, _FLOATING,
+            memref.VIEW_IDENTITIES, PRIMITIVES, op.primitive, op)
+    return make(clause, slot, spec)
 
 
 _DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float16), 3: np.dtype(np.int64)}   # KINA_DTYPE_*

@@ -25,7 +25,8 @@ from .primitives import COMPLEX_REFUSAL, PRIMITIVES, bump_generation, registry_g
 from .tensor import Tensor, _box, _lift, _new, _raw, _shape, array_module, kernels, recordable
 
 __all__ = ["Tape", "BACKWARD_OBSERVED", "observe_backward", "ops_for_backward",
-           "COMPLEX_REFUSAL", "is_complex", "own", "register_clauses", "as_input"]
+           "COMPLEX_REFUSAL", "is_complex", "own", "register_clauses", "as_input",
+           "compiled_recording"]
 
 _pymax = max
 
@@ -380,6 +381,22 @@ def clause_factory(prim):
             factory = _general_factory(prim)
         _factories[prim] = factory
     return factory
+
+
+def compiled_recording(prim):
+    """``(inputs, rule, rule_a, rule_b)`` when the clause :func:`clause_factory`
+    makes for ``prim`` records a binary node (``rule`` = ``prim.vjp``, then
+    ``prim.vjp_rules``) or an elementwise one (one input, ``rule`` its
+    rule, the others None), else None.  What the compiled tape clause of the
+    runtime ops (``kina_fx/_speedups_c/tape_calls.c``) builds the same node
+    tuples from: it must change with those two factories."""
+    if prim.sequence or prim.nparams != 0:
+        return None
+    if prim.nin == 1 and prim.diff == (True,):
+        return (1, prim.vjp_rules[0], None, None)
+    if prim.nin == 2 and prim.diff == (True, True):
+        return (2, prim.vjp, *prim.vjp_rules)
+    return None
 
 
 def _params_adapter(rule):

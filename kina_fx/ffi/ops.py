@@ -180,6 +180,10 @@ FAST_ROWS = tuple(None if "device" in op.params else
 _fast_perform = gpu_ops.quiet_fp(perform)
 # Row index -> the operands of that op's last direct call: (their ranks and
 # descriptors' bytes, then their views), filled by op_calls.c; emptied with
-# the view caches.
+# the view caches.  FAST_LAST_VIEWS: the same for its last call through the
+# effect (a tape answering it), which saves the calls of a taped training
+# loop the view-cache lookups.
 FAST_LAST_DIRECT: dict = {}
+FAST_LAST_VIEWS: dict = {}
 memref.register_cache(FAST_LAST_DIRECT)
+memref.register_cache(FAST_LAST_VIEWS)
