@@ -69,36 +69,6 @@ static PyObject *n_tracer, *n_parent, *n_table, *n_tensor, *n_value, *n_kind, *n
 
 #define DECLINE 1          /* fast_call: not the common case, nothing done */
 
-/* The attribute names both clauses read, made once. */
-static int
-intern_names(void)
-{
-    if (n_tracer != NULL)
-        return 0;
-    {
-#define NAME(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return -1
-        NAME(n_tracer, "tracer");
-        NAME(n_parent, "parent");
-        NAME(n_table, "table");
-        NAME(n_tensor, "tensor");
-        NAME(n_value, "value");
-        NAME(n_kind, "kind");
-        NAME(n_value_, "_value");
-        NAME(n_trace_, "_trace");
-        NAME(n_id_, "_id");
-        NAME(n_live_, "_live");
-        NAME(n_handler_, "_handler");
-        NAME(n_n_, "_n");
-        NAME(n_nodes_, "_nodes");
-        NAME(n_shape, "shape");
-        NAME(n_dtype, "dtype");
-        NAME(n_produced, "produced");
-        NAME(n_primitive, "primitive");
-#undef NAME
-    }
-    return 0;
-}
-
 /* ``identities.get(id(view))``'s identity when it is ``view``'s (borrowed), else NULL. */
 static PyObject *
 identity_of(KTracerClause *c, PyObject *view)
@@ -261,28 +231,20 @@ tape_records_alone(KTracerClause *c, PyObject *tape)
     return sole;
 }
 
-/* The rules and primitive a node names: tape.compiled_recording's. */
-typedef struct {
-    int nin;
-    PyObject *rule, *rule_a, *rule_b, *prim;
-} node_rules;
-
-/* ``(rule, i, ids, u, v, out, prim)``, as the Tape's clause appends it, for
- * inputs ``values`` with ids ``ids`` on the Tape (-1: a constant; at least
- * one is not). */
+/* ``(rule, i, ids, u, v, out, prim)``, as the Tape's clause appends it. */
 static PyObject *
-node_of(const node_rules *n, Py_ssize_t i, PyObject *const *values, const Py_ssize_t *ids, PyObject *out)
+node_of(KTracerClause *c, Py_ssize_t i, PyObject *const *values, const Py_ssize_t *ids, PyObject *out)
 {
     PyObject *index = PyLong_FromSsize_t(i), *node = NULL;
     if (index == NULL)
         return NULL;
-    if (n->nin == 1 || ids[0] < 0 || ids[1] < 0) {   /* one traced input: its id */
-        int k = n->nin == 1 || ids[0] >= 0 ? 0 : 1;
-        PyObject *rule = n->nin == 1 ? n->rule : k == 0 ? n->rule_a : n->rule_b;
+    if (c->nin == 1 || ids[0] < 0 || ids[1] < 0) {   /* one traced input: its id */
+        int k = c->nin == 1 || ids[0] >= 0 ? 0 : 1;
+        PyObject *rule = c->nin == 1 ? c->rule : k == 0 ? c->rule_a : c->rule_b;
         PyObject *id = PyLong_FromSsize_t(ids[k]);
         if (id != NULL)
-            node = PyTuple_Pack(7, rule, index, id, values[0], n->nin == 1 ? Py_None : values[1],
-                                out, n->prim);
+            node = PyTuple_Pack(7, rule, index, id, values[0], c->nin == 1 ? Py_None : values[1],
+                                out, c->prim);
         Py_XDECREF(id);
     }
     else {
@@ -291,7 +253,7 @@ node_of(const node_rules *n, Py_ssize_t i, PyObject *const *values, const Py_ssi
         PyObject *inputs = pair == NULL ? NULL : PyTuple_Pack(2, values[0], values[1]);
         PyObject *none = inputs == NULL ? NULL : PyTuple_New(0);
         if (none != NULL)
-            node = PyTuple_Pack(7, n->rule, index, pair, inputs, none, out, n->prim);
+            node = PyTuple_Pack(7, c->rule, index, pair, inputs, none, out, c->prim);
         Py_XDECREF(a);
         Py_XDECREF(b);
         Py_XDECREF(pair);
@@ -304,12 +266,12 @@ node_of(const node_rules *n, Py_ssize_t i, PyObject *const *values, const Py_ssi
 
 /* A box of ``tape`` (id i) holding ``value``: tensor._box. */
 static PyObject *
-box_of(PyObject *tensor_type, PyObject *tape, Py_ssize_t i, PyObject *value)
+box_of(KTracerClause *c, PyObject *tape, Py_ssize_t i, PyObject *value)
 {
     static PyObject *no_args;
     if (no_args == NULL && (no_args = PyTuple_New(0)) == NULL)
         return NULL;
-    PyObject *box = PyBaseObject_Type.tp_new((PyTypeObject *)tensor_type, no_args, NULL);
+    PyObject *box = PyBaseObject_Type.tp_new((PyTypeObject *)c->tensor_type, no_args, NULL);
     if (box == NULL)
         return NULL;
     PyObject *index = PyLong_FromSsize_t(i);
@@ -320,41 +282,6 @@ box_of(PyObject *tensor_type, PyObject *tape, Py_ssize_t i, PyObject *value)
         return NULL;
     }
     Py_DECREF(index);
-    return box;
-}
-
-/* The Tape clause's recording, once the primitive ran: append the node of
- * ``out`` (id tape._n), count it, and return its box (new reference). */
-static PyObject *
-record_node(const node_rules *n, PyObject *tensor_type, PyObject *tape, PyObject *const *values,
-            const Py_ssize_t *ids, PyObject *out)
-{
-    PyObject *box = NULL, *node = NULL;
-    PyObject *count = PyObject_GetAttr(tape, n_n_);
-    PyObject *nodes = count == NULL ? NULL : PyObject_GetAttr(tape, n_nodes_);
-    if (nodes == NULL)
-        goto done;
-    if (!PyList_CheckExact(nodes)) {
-        PyErr_SetString(PyExc_TypeError, "kina_fx: a Tape's _nodes must be a list");
-        goto done;
-    }
-    Py_ssize_t i = PyLong_AsSsize_t(count);
-    if (i == -1 && PyErr_Occurred())
-        goto done;
-    node = node_of(n, i, values, ids, out);
-    if (node == NULL || PyList_Append(nodes, node) < 0)
-        goto done;
-    PyObject *next = PyLong_FromSsize_t(i + 1);
-    if (next == NULL)
-        goto done;
-    int set = PyObject_SetAttr(tape, n_n_, next);
-    Py_DECREF(next);
-    if (set == 0)
-        box = box_of(tensor_type, tape, i, out);
-done:
-    Py_XDECREF(count);
-    Py_XDECREF(nodes);
-    Py_XDECREF(node);
     return box;
 }
 
@@ -434,7 +361,8 @@ fast_record(KTracerClause *c, PyObject *const *views, PyObject *const *keys, PyO
     if (tracer == NULL)
         return -1;
     int status = DECLINE;
-    PyObject *table = NULL, *keep[2] = {NULL, NULL}, *r = NULL, *box = NULL;
+    PyObject *table = NULL, *keep[2] = {NULL, NULL}, *r = NULL, *node = NULL, *box = NULL;
+    PyObject *nodes = NULL, *count = NULL;
     int known = 0;
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(c->tracer_types); k++)
         known |= PyTuple_GET_ITEM(c->tracer_types, k) == (PyObject *)Py_TYPE(tracer);
@@ -488,8 +416,22 @@ fast_record(KTracerClause *c, PyObject *const *views, PyObject *const *keys, PyO
     }
     /* The Tape's node and box (tape.py's clause) ... */
     status = -1;
-    node_rules rules = {nin, c->rule, c->rule_a, c->rule_b, c->prim};
-    if ((box = record_node(&rules, c->tensor_type, tape, values, ids, r)) == NULL)
+    count = PyObject_GetAttr(tape, n_n_);
+    nodes = count == NULL ? NULL : PyObject_GetAttr(tape, n_nodes_);
+    if (nodes == NULL || !PyList_CheckExact(nodes))
+        goto done_key;
+    Py_ssize_t i = PyLong_AsSsize_t(count);
+    if (i == -1 && PyErr_Occurred())
+        goto done_key;
+    node = node_of(c, i, values, ids, r);
+    if (node == NULL || PyList_Append(nodes, node) < 0)
+        goto done_key;
+    PyObject *next = PyLong_FromSsize_t(i + 1);
+    if (next == NULL)
+        goto done_key;
+    int set = PyObject_SetAttr(tape, n_n_, next);
+    Py_DECREF(next);
+    if (set < 0 || (box = box_of(c, tape, i, r)) == NULL)
         goto done_key;
     /* ... then BufferTracer.record: the value into out, out's entry. */
     int copied = kfx_copy_bytes(out, r);
@@ -507,7 +449,10 @@ fast_record(KTracerClause *c, PyObject *const *views, PyObject *const *keys, PyO
 done_key:
     Py_DECREF(out_key);
 done:
+    Py_XDECREF(count);
+    Py_XDECREF(nodes);
     Py_XDECREF(box);
+    Py_XDECREF(node);
     Py_XDECREF(r);
     Py_XDECREF(keep[0]);
     Py_XDECREF(keep[1]);
@@ -557,8 +502,27 @@ tracer_clause_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
             PyErr_SetString(PyExc_ValueError, "TracerClause: one or two inputs");
         return NULL;
     }
-    if (intern_names() < 0)
-        return NULL;
+    if (n_tracer == NULL) {
+#define NAME(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
+        NAME(n_tracer, "tracer");
+        NAME(n_parent, "parent");
+        NAME(n_table, "table");
+        NAME(n_tensor, "tensor");
+        NAME(n_value, "value");
+        NAME(n_kind, "kind");
+        NAME(n_value_, "_value");
+        NAME(n_trace_, "_trace");
+        NAME(n_id_, "_id");
+        NAME(n_live_, "_live");
+        NAME(n_handler_, "_handler");
+        NAME(n_n_, "_n");
+        NAME(n_nodes_, "_nodes");
+        NAME(n_shape, "shape");
+        NAME(n_dtype, "dtype");
+        NAME(n_produced, "produced");
+        NAME(n_primitive, "primitive");
+#undef NAME
+    }
     KTracerClause *c = (KTracerClause *)type->tp_alloc(type, 0);
     if (c == NULL)
         return NULL;
@@ -664,254 +628,15 @@ static PyTypeObject KTracerClause_Type = {
     .tp_members = tracer_clause_members,
 };
 
-/* ---- the autograd Tape's clause of a binary or elementwise primitive ---------- *
- *
- * speedups.TapeClause(fallback, recorder, spec): tape.py's _binary_factory and
- * _elementwise_factory clauses, compiled.  The common case -- every Tensor
- * argument a box of the Tape recording (``recorder.tape``) -- is done here:
- * unwrap the boxes, perform the primitive's effect on the values (outer
- * handlers see it), append the node and return a new box.  Any other
- * Tensor argument (a box of another trace, a plain Tensor) goes to
- * ``fallback``, the Python clause, before anything is done.  The node
- * tuples are tape.py's (compiled_recording); a constant operand of a
- * binary node is refused when complex, as there.
- *
- * spec: (inputs, effect, prim, rule, rule_a, rule_b, Tensor, is_complex,
- * refuse_complex).
- */
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    PyObject *fallback, *recorder, *spec;
-    /* borrowed from spec: */
-    PyObject *effect, *prim, *rule, *rule_a, *rule_b, *tensor_type, *is_complex, *refuse_complex;
-    int nin;
-} KTapeClause;
-
-enum { TS_NIN, TS_EFFECT, TS_PRIM, TS_RULE, TS_RULE_A, TS_RULE_B, TS_TENSOR, TS_IS_COMPLEX,
-       TS_REFUSE, TS_SIZE };
-
-static PyObject *n_tape;
-
-/* ``v.__class__ is not float and is_complex(v)`` (tape.py): 1 / 0 / -1. */
-static int
-complex_constant(KTapeClause *c, PyObject *v)
-{
-    if (PyFloat_CheckExact(v) || PyLong_CheckExact(v))
-        return 0;
-    PyObject *r = PyObject_CallOneArg(c->is_complex, v);
-    if (r == NULL)
-        return -1;
-    int yes = PyObject_IsTrue(r);
-    Py_DECREF(r);
-    return yes;
-}
-
-/* The clause's common case: 0 (*result set), DECLINE, or -1. */
-static int
-tape_clause_fast(KTapeClause *c, PyObject *const *args, PyObject **result)
-{
-    PyObject *tape = PyObject_GetAttr(c->recorder, n_tape);   /* held: perform runs any code */
-    if (tape == NULL)
-        return -1;
-    PyObject *values[2] = {NULL, NULL}, *hold[2] = {NULL, NULL};
-    Py_ssize_t ids[2] = {-1, -1};
-    int status = DECLINE;
-    PyObject *out = NULL;
-    for (int k = 0; k < c->nin; k++) {
-        PyObject *x = args[k];
-        values[k] = x;
-        if ((PyObject *)Py_TYPE(x) != c->tensor_type)
-            continue;
-        PyObject *trace = PyObject_GetAttr(x, n_trace_);
-        if (trace == NULL) {
-            status = -1;
-            goto done;
-        }
-        Py_DECREF(trace);                          /* the box keeps it */
-        if (trace != tape)
-            goto done;                             /* another trace's box: the Python clause */
-        PyObject *ident = PyObject_GetAttr(x, n_id_);
-        if (ident == NULL) {
-            status = -1;
-            goto done;
-        }
-        ids[k] = PyLong_AsSsize_t(ident);
-        Py_DECREF(ident);
-        if (ids[k] < 0) {
-            status = PyErr_Occurred() ? -1 : DECLINE;
-            goto done;
-        }
-        if ((hold[k] = PyObject_GetAttr(x, n_value_)) == NULL) {
-            status = -1;
-            goto done;
-        }
-        values[k] = hold[k];
-    }
-    status = -1;
-    PyObject *call[3] = {c->effect, values[0], c->nin == 2 ? values[1] : NULL};
-    out = PyObject_Vectorcall(kfx_perform_fn, call, (size_t)(c->nin + 1), NULL);
-    if (out == NULL)
-        goto done;
-    if (ids[0] < 0 && (c->nin == 1 || ids[1] < 0)) {
-        *result = out;                             /* constants only: nothing recorded */
-        out = NULL;
-        status = 0;
-        goto done;
-    }
-    if (c->nin == 2 && (ids[0] < 0 || ids[1] < 0)) {
-        int constant = ids[0] < 0 ? 0 : 1;
-        int refused = complex_constant(c, values[constant]);
-        if (refused < 0)
-            goto done;
-        if (refused) {
-            PyObject *r = PyObject_CallOneArg(c->refuse_complex, c->prim);
-            Py_XDECREF(r);
-            goto done;
-        }
-    }
-    node_rules rules = {c->nin, c->rule, c->rule_a, c->rule_b, c->prim};
-    if ((*result = record_node(&rules, c->tensor_type, tape, values, ids, out)) != NULL)
-        status = 0;
-done:
-    Py_XDECREF(out);
-    Py_XDECREF(hold[0]);
-    Py_DECREF(tape);
-    Py_XDECREF(hold[1]);
-    return status;
-}
-static PyObject *
-tape_clause_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
-{
-    KTapeClause *c = (KTapeClause *)self;
-    if (PyVectorcall_NARGS(nargsf) == c->nin && (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0)) {
-        PyObject *result = NULL;
-        int status = tape_clause_fast(c, args, &result);
-        if (status == 0)
-            return result;
-        if (status < 0)
-            return NULL;
-    }
-    return PyObject_Vectorcall(c->fallback, args, nargsf, kwnames);
-}
-
-static PyObject *
-tape_clause_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
-{
-    PyObject *fallback, *recorder, *spec;
-    static char *names[] = {"fallback", "recorder", "spec", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!:TapeClause", names, &fallback, &recorder,
-                                     &PyTuple_Type, &spec))
-        return NULL;
-    if (PyTuple_GET_SIZE(spec) != TS_SIZE || !PyCallable_Check(fallback)
-            || !PyType_Check(PyTuple_GET_ITEM(spec, TS_TENSOR))) {
-        PyErr_SetString(PyExc_TypeError, "TapeClause: a spec as tape._compiled_clause builds it");
-        return NULL;
-    }
-    long nin = PyLong_AsLong(PyTuple_GET_ITEM(spec, TS_NIN));
-    if (nin != 1 && nin != 2) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "TapeClause: one or two inputs");
-        return NULL;
-    }
-    if (n_tape == NULL && (n_tape = PyUnicode_InternFromString("tape")) == NULL)
-        return NULL;
-    if (intern_names() < 0)
-        return NULL;
-    KTapeClause *c = (KTapeClause *)type->tp_alloc(type, 0);
-    if (c == NULL)
-        return NULL;
-    c->vectorcall = tape_clause_call;
-    c->fallback = Py_NewRef(fallback);
-    c->recorder = Py_NewRef(recorder);
-    c->spec = Py_NewRef(spec);
-    c->effect = PyTuple_GET_ITEM(spec, TS_EFFECT);
-    c->prim = PyTuple_GET_ITEM(spec, TS_PRIM);
-    c->rule = PyTuple_GET_ITEM(spec, TS_RULE);
-    c->rule_a = PyTuple_GET_ITEM(spec, TS_RULE_A);
-    c->rule_b = PyTuple_GET_ITEM(spec, TS_RULE_B);
-    c->tensor_type = PyTuple_GET_ITEM(spec, TS_TENSOR);
-    c->is_complex = PyTuple_GET_ITEM(spec, TS_IS_COMPLEX);
-    c->refuse_complex = PyTuple_GET_ITEM(spec, TS_REFUSE);
-    c->nin = (int)nin;
-    return (PyObject *)c;
-}
-
-static int
-tape_clause_traverse(PyObject *self, visitproc visit, void *arg)
-{
-    KTapeClause *c = (KTapeClause *)self;
-    Py_VISIT(c->fallback);
-    Py_VISIT(c->recorder);
-    Py_VISIT(c->spec);
-    return 0;
-}
-
-static int
-tape_clause_clear(PyObject *self)
-{
-    KTapeClause *c = (KTapeClause *)self;
-    Py_CLEAR(c->fallback);
-    Py_CLEAR(c->recorder);
-    Py_CLEAR(c->spec);
-    return 0;
-}
-
-static void
-tape_clause_dealloc(PyObject *self)
-{
-    PyObject_GC_UnTrack(self);
-    tape_clause_clear(self);
-    Py_TYPE(self)->tp_free(self);
-}
-
-static PyObject *
-tape_clause_repr(PyObject *self)
-{
-    return PyUnicode_FromFormat("<TapeClause of %R>", ((KTapeClause *)self)->fallback);
-}
-
-static PyMemberDef tape_clause_members[] = {
-    {"fallback", T_OBJECT, offsetof(KTapeClause, fallback), READONLY,
-     "The Python clause every call outside the common case goes to."},
-    {NULL, 0, 0, 0, NULL},
-};
-
-PyDoc_STRVAR(tape_clause_doc,
-"TapeClause(fallback, recorder, spec)\n--\n\n"
-"An autograd Tape's clause for a binary or elementwise primitive: records\n"
-"the common case in C and calls ``fallback`` (the Python clause) for every\n"
-"other call (kina_fx/_speedups_c/tape_calls.c; kina_fx.autograd.tape builds it).");
-
-static PyTypeObject KTapeClause_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "kina_fx._speedups.TapeClause",
-    .tp_basicsize = sizeof(KTapeClause),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = tape_clause_doc,
-    .tp_new = tape_clause_new,
-    .tp_dealloc = tape_clause_dealloc,
-    .tp_traverse = tape_clause_traverse,
-    .tp_clear = tape_clause_clear,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(KTapeClause, vectorcall),
-    .tp_repr = tape_clause_repr,
-    .tp_members = tape_clause_members,
-};
-
 int
 kfx_add_tape_calls(PyObject *module)
 {
-    PyTypeObject *types[] = {&KTracerClause_Type, &KTapeClause_Type};
-    const char *names[] = {"TracerClause", "TapeClause"};
-    for (int k = 0; k < 2; k++) {
-        if (PyType_Ready(types[k]) < 0)
-            return -1;
-        Py_INCREF(types[k]);
-        if (PyModule_AddObject(module, names[k], (PyObject *)types[k]) < 0) {
-            Py_DECREF(types[k]);
-            return -1;
-        }
+    if (PyType_Ready(&KTracerClause_Type) < 0)
+        return -1;
+    Py_INCREF(&KTracerClause_Type);
+    if (PyModule_AddObject(module, "TracerClause", (PyObject *)&KTracerClause_Type) < 0) {
+        Py_DECREF(&KTracerClause_Type);
+        return -1;
     }
     return 0;
 }

@@ -19,7 +19,6 @@ from typing import Any, Callable
 
 import numpy as _np
 
-from .. import fibers
 from ..errors import KinaTypeError, ValidationError
 from ..handlers import Effect, Handler, perform
 from .primitives import COMPLEX_REFUSAL, PRIMITIVES, bump_generation, registry_generation
@@ -373,29 +372,15 @@ def clause_factory(prim):
         if prim.sequence:
             factory = _sequence_factory(prim)
         elif prim.nin == 1 and prim.diff == (True,) and prim.nparams == 0:
-            factory = _compiled(prim, _elementwise_factory(prim, prim.vjp_rules[0]))
+            factory = _elementwise_factory(prim, prim.vjp_rules[0])
         elif prim.nin == 1 and prim.diff == (True,):
             factory = _unary_factory(prim, _params_adapter(prim.vjp_rules[0]))
         elif prim.nin == 2 and prim.diff == (True, True) and prim.nparams == 0:
-            factory = _compiled(prim, _binary_factory(prim))
+            factory = _binary_factory(prim)
         else:
             factory = _general_factory(prim)
         _factories[prim] = factory
     return factory
-
-
-def _compiled(prim, make):
-    """``make`` with each clause wrapped in its compiled form
-    (``kina_fx._speedups.TapeClause``, ``_speedups_c/tape_calls.c``), which
-    records the common case itself -- every Tensor argument a box of the
-    Tape recording -- and calls the clause for everything else; ``make``
-    itself in pure Python."""
-    compiled = getattr(fibers.speedups, "TapeClause", None)
-    recording = compiled_recording(prim)
-    if compiled is None or recording is None:
-        return make
-    spec = (*recording[:1], prim.effect, prim, *recording[1:], Tensor, is_complex, _refuse_complex)
-    return lambda rec: compiled(make(rec), rec, spec)
 
 
 def compiled_recording(prim):
