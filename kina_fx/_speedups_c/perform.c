@@ -724,30 +724,35 @@ error:
     return NULL;
 }
 
+/* The search ``perform(effect, ...)`` would make here (C handlers' markers
+ * first): find_clause from where perform starts.  ``*st`` and ``*f`` are new
+ * references (NULL when the search could not start: -1); the caller
+ * releases them and ``*clause`` / ``*on``. */
+static int
+search_here(PyObject *effect, PyObject **st, PyObject **f, Py_ssize_t *i, PyObject **clause,
+            PyObject **on)
+{
+    *st = *f = *clause = *on = NULL;
+    if (kfx_materialize() < 0 || (*st = thread_state()) == NULL)
+        return -1;
+    if (search_start(*st, f, i) < 0)
+        return -1;
+    return find_clause(f, i, effect, clause, on);
+}
+
 /* Whether ``perform(effect, ...)`` would find no handler here, and so run
- * the effect's default: the same search, from the same place (C handlers'
- * markers first).  1 / 0 / -1 (error).  The runtime ops' direct calls
+ * the effect's default.  1 / 0 / -1 (error).  The runtime ops' direct calls
  * (op_calls.c) stand in for the default only then. */
 int
 kfx_effect_unhandled(PyObject *effect)
 {
-    if (kfx_materialize() < 0)
-        return -1;
-    PyObject *st = thread_state();
-    if (st == NULL)
-        return -1;
-    PyObject *f;
+    PyObject *st, *f, *clause, *on;
     Py_ssize_t i;
-    if (search_start(st, &f, &i) < 0) {
-        Py_DECREF(st);
-        return -1;
-    }
-    PyObject *clause = NULL, *on = NULL;
-    int found = find_clause(&f, &i, effect, &clause, &on);
+    int found = search_here(effect, &st, &f, &i, &clause, &on);
     Py_XDECREF(clause);
     Py_XDECREF(on);
     Py_XDECREF(f);
-    Py_DECREF(st);
+    Py_XDECREF(st);
     return found < 0 ? -1 : found == FOUND_NONE;
 }
 
@@ -755,24 +760,14 @@ kfx_effect_unhandled(PyObject *effect)
  * ``handler`` (an entry of a fiber's handler stack, not a control handler),
  * and a perform made by that clause would find nothing beyond it and run the
  * effect's default: the handler is the only one in scope for the effect.
- * 1 / 0 / -1 (error).  The tape clauses (tape_calls.c) record an autograd
- * primitive themselves only then, as that handler's clause would. */
+ * 1 / 0 / -1 (error).  The tape's compiled clause (tape_calls.c) records an
+ * autograd primitive itself only then, as that handler's clause would. */
 int
 kfx_sole_handler(PyObject *effect, PyObject *handler)
 {
-    if (kfx_materialize() < 0)
-        return -1;
-    PyObject *st = thread_state();
-    if (st == NULL)
-        return -1;
-    PyObject *f;
+    PyObject *st, *f, *clause, *on;
     Py_ssize_t i;
-    if (search_start(st, &f, &i) < 0) {
-        Py_DECREF(st);
-        return -1;
-    }
-    PyObject *clause = NULL, *on = NULL;
-    int found = find_clause(&f, &i, effect, &clause, &on);
+    int found = search_here(effect, &st, &f, &i, &clause, &on);
     int sole = found < 0 ? -1 : 0;
     if (found == FOUND_FUN && i >= 0) {
         PyObject *entry = stack_item(f, i);
@@ -790,7 +785,7 @@ kfx_sole_handler(PyObject *effect, PyObject *handler)
     Py_XDECREF(clause);
     Py_XDECREF(on);
     Py_XDECREF(f);
-    Py_DECREF(st);
+    Py_XDECREF(st);
     return sole;
 }
 
