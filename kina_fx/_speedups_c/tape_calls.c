@@ -29,10 +29,11 @@
  *   - every operand is exactly a NumPy array of one floating type, and
  *     RuntimeOp.calls_direct admitted their shapes (a valid call, none of
  *     the kernels' special cases): the primitive's kernel then computes
- *     exactly ``direct(*values)`` (tests/autodiff/test_tape_fast_paths.py);
+ *     exactly ``direct(*values)`` (tests/autodiff/test_tape_compiled_clause.py);
  *   - each input's buffer is known to the tracer and still holds the
  *     recorded bytes (memcmp), and holds a box of one live autograd Tape or a
- *     constant array, whose value is an array of the operands' type;
+ *     constant array, whose value is a NumPy array (the result must then
+ *     have out's type: both paths compute on the values);
  *   - the primitive's effect still has its default, and the only handler in
  *     scope for it is that Tape's (kfx_sole_handler): performing it would
  *     run that Tape's clause, which would record one node and run the
@@ -48,7 +49,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *fallback;       /* the Python clause: slot.tracer.apply(op, out, args) */
     PyObject *slot;           /* memory._Slot: its ``tracer`` uses the handler now */
-    PyObject *spec;           /* the tuple memory._compiled_clause documents */
+    PyObject *spec;           /* the tuple memory._compiled_clause builds (SPEC_*) */
     /* borrowed from spec: */
     PyObject *direct, *admit, *admitted, *effect, *dflt, *prim, *rule, *rule_a, *rule_b;
     PyObject *tracer_types, *entry_type, *tensor_type, *tape_type, *ndarray, *dtypes;

@@ -354,6 +354,11 @@ def _compiled_clause(op, slot, clause):
     recording = None if prim is None else compiled_recording(prim)
     if recording is None or recording[0] != len(op.inputs):
         return None
+    # In the order tape_calls.c's SPEC_* name them: the op's direct function,
+    # its admission and the admitted shapes' memo; the primitive's effect,
+    # default and itself; (inputs, rule, rule_a, rule_b); the types the
+    # clause recognises; the view identities; the registry, the primitive's
+    # name and the op (both compared on every call: a changed table declines).
     spec = (op.direct, op.calls_direct, {}, prim.effect, prim.effect.default, prim, *recording,
             (BufferTracer, MemoryTape), _Entry, ad.Tensor, ad.Tape, np.ndarray, _FLOATING,
             memref.VIEW_IDENTITIES, PRIMITIVES, op.primitive, op)
