@@ -301,3 +301,34 @@ def test_the_primitives_kernel_is_the_direct_function(name, dtype):
             expected, got = op.direct(*ins), kernel(*ins)
             assert got.dtype == expected.dtype and got.shape == expected.shape
             assert got.tobytes() == expected.tobytes()
+
+
+def test_a_training_loop_on_the_same_buffers_gets_each_steps_gradient(abi):
+    """The same buffers every step (so the remembered views and admitted
+    shapes are reused), with the host changing the input, the weights and,
+    once, the shapes of the buffers between steps: each step's gradient is
+    that step's, against NumPy."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((3, 2)).astype(np.float32)
+    for step in range(6):
+        n = 4 if step != 3 else 5                   # one step with other shapes
+        x = rng.standard_normal((n, 3)).astype(np.float32)
+        z = np.zeros((n, 2), np.float32)
+        y = np.zeros((n, 2), np.float32)
+        if step == 3:
+            w = rng.standard_normal((3, 2)).astype(np.float32)
+        else:
+            w += np.float32(0.125)                   # the host updates the weights in place
+        t = Tape(abi)
+        assert t.call("kina_tape_watch", w, F32) == OK
+        assert t.call("kina_tape_constant", x, F32) == OK
+        for _ in range(2):                           # the same call twice: the second is remembered
+            assert op_status(abi, "matmul", z, x, w) == OK
+            assert op_status(abi, "mul", y, z, z) == OK
+        t.end()
+        g = np.zeros_like(w)
+        assert t.call("kina_tape_backward", y, np.ones_like(y)) == OK
+        assert t.call("kina_tape_grad", w, g) == OK
+        t.free()
+        expected = x.T @ (2 * (x @ w))
+        np.testing.assert_allclose(g, expected, rtol=1e-5, atol=1e-5)
