@@ -268,7 +268,7 @@ def identity(array) -> tuple:
     :func:`stage` has the identity of that host memory.  Tapes identify
     tensors by this (docs/autograd-abi.md)."""
     key = id(array)
-    hit = _view_identities.get(key)
+    hit = VIEW_IDENTITIES.get(key)
     if hit is not None and hit[0] is array:
         return hit[1]
     hit = _staged.get(key)
@@ -360,11 +360,9 @@ _caches: list = []
 #: for the identity of each operand of each call, and reading it back from the
 #: view (``__array_interface__`` over foreign memory) costs microseconds.  The
 #: entry holds the view, so its id cannot be reused while the entry exists.
-_view_identities: dict = {}
-_caches.append(_view_identities)
-#: The same dict, for the compiled tape clause (``_speedups_c/tape_calls.c``),
-#: which reads an operand's identity there as :func:`identity` does first.
-VIEW_IDENTITIES = _view_identities
+#: The compiled tape clause (``_speedups_c/tape_calls.c``) reads it too.
+VIEW_IDENTITIES: dict = {}
+_caches.append(VIEW_IDENTITIES)
 
 
 def register_cache(cache: dict) -> None:
@@ -426,9 +424,9 @@ class ViewCache:
         view = numpy_view(d, self.dtype, name)
         if len(self.views) >= _CACHE_LIMIT:
             self.views.clear()
-        if len(_view_identities) >= _CACHE_LIMIT * 8:
-            _view_identities.clear()
-        _view_identities[id(view)] = (view, _descriptor_identity(d, self.dtype))
+        if len(VIEW_IDENTITIES) >= _CACHE_LIMIT * 8:
+            VIEW_IDENTITIES.clear()
+        VIEW_IDENTITIES[id(view)] = (view, _descriptor_identity(d, self.dtype))
         self.views[raw] = view
         return view
 

@@ -127,14 +127,11 @@ quiet_context_known(void)
 }
 
 /* Whether performing ``effect`` here would run the default the row ``direct``
- * was built with, NumPy's error state can be set from C, and so a direct
- * call may stand in for it (1 / 0; errors are cleared: perform meets them
- * again, and reports them). */
+ * was built with, and so a direct call may stand in for it (1 / 0; errors are
+ * cleared: perform meets them again, and reports them). */
 static int
 direct_allowed(PyObject *direct, PyObject *effect)
 {
-    if (!quiet_context_known())
-        return 0;
     PyObject *dflt = PyObject_GetAttr(effect, s_default);
     Py_XDECREF(dflt);               /* compared by identity only; the effect keeps it */
     int allowed = dflt == PyTuple_GET_ITEM(direct, 0) && kfx_effect_unhandled(effect) > 0;
@@ -144,8 +141,7 @@ direct_allowed(PyObject *direct, PyObject *effect)
 
 /* ``callable(*args)`` with NumPy's floating-point conditions ignored, as
  * gpu_ops.quiet_fp makes it: its context variable set to
- * gpu_ops.QUIET_FP_CONTEXT's value around the call.  direct_allowed said
- * that the context is there. */
+ * gpu_ops.QUIET_FP_CONTEXT's value around the call (quiet_context_known). */
 static PyObject *
 quiet_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
@@ -385,7 +381,8 @@ kfx_fast_runtime_op(int32_t op, void *const *memrefs, int32_t nmem, const int32_
         return KINA_FAST_DECLINED;
     }
     PyObject *direct = nparams == 0 ? PyTuple_GET_ITEM(row, 2) : Py_None;
-    int allowed = direct != Py_None && direct_allowed(direct, PyTuple_GET_ITEM(row, 0));
+    int quiet = quiet_context_known();
+    int allowed = quiet && direct != Py_None && direct_allowed(direct, PyTuple_GET_ITEM(row, 0));
     if (allowed && repeat_direct(op, direct, memrefs, nmem, bytes, status) == DIRECT_DONE) {
         Py_DECREF(rows);
         kfx_gil_leave(&g);
@@ -430,13 +427,10 @@ kfx_fast_runtime_op(int32_t op, void *const *memrefs, int32_t nmem, const int32_
     if (how == DIRECT_DONE && *status == 0)
         remember_views(g_op_last_direct, op, memrefs, nmem, bytes, args + 1);
     if (how != DIRECT_DONE) {
-        /* perform under quiet floating-point conditions: ffi.ops._fast_perform,
-         * or its two parts from here (saving the Python wrapper's frame) */
-        PyObject *perform = Py_NewRef(quiet_context_known() ? kfx_perform_fn : g_op_perform);
-        PyObject *result = perform == kfx_perform_fn
-                           ? quiet_vectorcall(perform, args, (size_t)n, NULL)
-                           : PyObject_Vectorcall(perform, args, (size_t)n, NULL);
-        Py_DECREF(perform);
+        /* perform under quiet floating-point conditions: set from here (no
+         * wrapper frame), or by ffi.ops._fast_perform where C cannot (NumPy 1.x) */
+        PyObject *result = quiet ? quiet_vectorcall(kfx_perform_fn, args, (size_t)n, NULL)
+                                 : PyObject_Vectorcall(g_op_perform, args, (size_t)n, NULL);
         if (result == NULL)
             *status = kfx_report_exception();
         else {

@@ -48,7 +48,7 @@ from ..errors import KinaTypeError, ValidationError
 from ..gpu_ops import array_module
 from ..handlers import Effect, Handler, perform
 from ..runtime_ops import IDENTITY, RUNTIME_OPS, as_given
-from .primitives import PRIMITIVES, registry_generation
+from .primitives import PRIMITIVES
 from .tape import compiled_recording
 
 __all__ = ["TapeError", "BufferTracer", "MemoryTape", "buffer_key", "current_tracer"]
@@ -149,10 +149,6 @@ class BufferTracer:
         if self.recording:
             raise ValidationError(f"{self!r} is already recording")
         self.parent = current_tracer()
-        global _handlers_generation
-        if _handlers_generation != registry_generation():    # the op table changed: rebuild
-            _handlers.clear()
-            _handlers_generation = registry_generation()
         handler, slot = _handlers.pop() if _handlers else _new_handler()
         slot.tracer = self
         try:
@@ -323,7 +319,6 @@ class _Slot:
 # Handlers of stopped tracers, reused: building one (a clause per runtime op)
 # costs more than a small compiled function's whole call.
 _handlers: list = []
-_handlers_generation = -1
 
 
 def _new_handler():

@@ -369,13 +369,14 @@ def clause_factory(prim):
     on ``rec.tape``."""
     factory = _factories.get(prim)
     if factory is None:
+        nodes = compiled_recording(prim)
         if prim.sequence:
             factory = _sequence_factory(prim)
-        elif prim.nin == 1 and prim.diff == (True,) and prim.nparams == 0:
-            factory = _elementwise_factory(prim, prim.vjp_rules[0])
+        elif nodes is not None and nodes[0] == 1:
+            factory = _elementwise_factory(prim, nodes[1])
         elif prim.nin == 1 and prim.diff == (True,):
             factory = _unary_factory(prim, _params_adapter(prim.vjp_rules[0]))
-        elif prim.nin == 2 and prim.diff == (True, True) and prim.nparams == 0:
+        elif nodes is not None:
             factory = _binary_factory(prim)
         else:
             factory = _general_factory(prim)
@@ -384,12 +385,13 @@ def clause_factory(prim):
 
 
 def compiled_recording(prim):
-    """``(inputs, rule, rule_a, rule_b)`` when the clause :func:`clause_factory`
-    makes for ``prim`` records a binary node (``rule`` = ``prim.vjp``, then
-    ``prim.vjp_rules``) or an elementwise one (one input, ``rule`` its
-    rule, the others None), else None.  What the compiled tape clause of the
-    runtime ops (``kina_fx/_speedups_c/tape_calls.c``) builds the same node
-    tuples from: it must change with those two factories."""
+    """``(inputs, rule, rule_a, rule_b)`` when ``prim`` records a binary node
+    (``rule`` = ``prim.vjp``, then ``prim.vjp_rules``: :func:`_binary_factory`)
+    or an elementwise one (one input, ``rule`` its rule, the others None:
+    :func:`_elementwise_factory`), else None.  :func:`clause_factory` picks
+    those two factories by it, and the compiled tape clause of the runtime
+    ops (``kina_fx/_speedups_c/tape_calls.c``) builds the same node tuples
+    from it."""
     if prim.sequence or prim.nparams != 0:
         return None
     if prim.nin == 1 and prim.diff == (True,):
