@@ -265,23 +265,30 @@ node_of(KTracerClause *c, Py_ssize_t i, PyObject *const *values, const Py_ssize_
     return node;
 }
 
-/* A box of ``tape`` (id i) holding ``value``: tensor._box. */
+/* ``object.__new__(type)`` with three fields set, as tensor._box and
+ * memory._Entry make theirs (new reference, or NULL). */
 static PyObject *
-box_of(KTracerClause *c, PyObject *tape, Py_ssize_t i, PyObject *value)
+new_with_fields(PyObject *type, PyObject *const names[3], PyObject *const values[3])
 {
     static PyObject *no_args;
     if (no_args == NULL && (no_args = PyTuple_New(0)) == NULL)
         return NULL;
-    PyObject *box = PyBaseObject_Type.tp_new((PyTypeObject *)c->tensor_type, no_args, NULL);
-    if (box == NULL)
-        return NULL;
+    PyObject *made = PyBaseObject_Type.tp_new((PyTypeObject *)type, no_args, NULL);
+    for (int k = 0; made != NULL && k < 3; k++)
+        if (PyObject_SetAttr(made, names[k], values[k]) < 0)
+            Py_CLEAR(made);
+    return made;
+}
+
+/* A box of ``tape`` (id i) holding ``value``: tensor._box. */
+static PyObject *
+box_of(KTracerClause *c, PyObject *tape, Py_ssize_t i, PyObject *value)
+{
     PyObject *index = PyLong_FromSsize_t(i);
-    if (index == NULL || PyObject_SetAttr(box, n_value_, value) < 0
-            || PyObject_SetAttr(box, n_trace_, tape) < 0 || PyObject_SetAttr(box, n_id_, index) < 0) {
-        Py_XDECREF(index);
-        Py_DECREF(box);
+    if (index == NULL)
         return NULL;
-    }
+    PyObject *const names[3] = {n_value_, n_trace_, n_id_}, *const values[3] = {value, tape, index};
+    PyObject *box = new_with_fields(c->tensor_type, names, values);
     Py_DECREF(index);
     return box;
 }
@@ -290,18 +297,8 @@ box_of(KTracerClause *c, PyObject *tape, Py_ssize_t i, PyObject *value)
 static PyObject *
 entry_of(KTracerClause *c, PyObject *tensor, PyObject *value)
 {
-    static PyObject *no_args;
-    if (no_args == NULL && (no_args = PyTuple_New(0)) == NULL)
-        return NULL;
-    PyObject *entry = PyBaseObject_Type.tp_new((PyTypeObject *)c->entry_type, no_args, NULL);
-    if (entry == NULL)
-        return NULL;
-    if (PyObject_SetAttr(entry, n_tensor, tensor) < 0 || PyObject_SetAttr(entry, n_value, value) < 0
-            || PyObject_SetAttr(entry, n_kind, n_produced) < 0) {
-        Py_DECREF(entry);
-        return NULL;
-    }
-    return entry;
+    PyObject *const names[3] = {n_tensor, n_value, n_kind}, *const values[3] = {tensor, value, n_produced};
+    return new_with_fields(c->entry_type, names, values);
 }
 
 static int fast_record(KTracerClause *c, PyObject *const *views, PyObject *const *keys,
