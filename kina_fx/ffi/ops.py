@@ -172,7 +172,8 @@ def _direct_call(op):
 # CPU backend.  Per row of the op table, its effect, the ViewCache dict of
 # each memref operand and its direct call (None: rows with a device ordinal
 # to check stay on the callbacks); and perform with quiet floating-point
-# conditions (the direct calls set them through gpu_ops.QUIET_FP_CONTEXT).
+# conditions, which C uses only where it cannot set them itself through
+# gpu_ops.QUIET_FP_CONTEXT (NumPy 1.x).
 FAST_ROWS = tuple(None if "device" in op.params else
                   (op.effect, tuple(_VIEWS[(o.dtype, i == 0)].views for i, o in enumerate(op.operands)),
                    _direct_call(op))
