@@ -319,6 +319,41 @@ def _along_axis_operands(x, axis, out, name):
     return xp, x, axis, out
 
 
+#: A reduced axis at most this long is worked on swapped first, in a
+#: contiguous copy (NumPy only): NumPy reduces a short innermost axis 3-6x
+#: slower per element than it reduces across rows (10 classes: max 11.6 us,
+#: across rows 1.9 us plus 1.3 us for the copy; docs/benchmarks.md, target 4).
+SHORT_AXIS = 32
+
+
+def _short_axis(xp, xb, axis) -> bool:
+    """Whether block ``xb`` is reduced along ``axis`` in the swapped layout:
+    a NumPy block of at least 512 elements whose ``axis`` has 2 to
+    :data:`SHORT_AXIS` elements (fewer rows gain less than the copy costs)."""
+    return xp is np and 1 < xb.shape[axis] <= SHORT_AXIS and xb.ndim > 1 and xb.size >= 512
+
+
+def _max_and_exp_sum(xp, xb, axis, need_exp: bool):
+    """``(m, e, s)`` of block ``xb`` along ``axis``: ``m`` its maximum and
+    ``s`` the sum of ``e = exp(xb - m)``, both with ``axis`` kept (length 1);
+    ``e`` (``xb``'s shape) only with ``need_exp``, else None.
+
+    A short axis (:data:`SHORT_AXIS`) of a NumPy block is swapped with the
+    first in a contiguous copy, which then holds ``e``; all three come back
+    as views in ``xb``'s axis order."""
+    if _short_axis(xp, xb, axis):
+        w = xb.swapaxes(0, axis).copy()
+        m = np.maximum.reduce(w, axis=0, keepdims=True)
+        np.subtract(w, m, out=w)
+        np.exp(w, out=w)
+        total = np.add.reduce(w, axis=0, keepdims=True)
+        return m.swapaxes(0, axis), w.swapaxes(0, axis) if need_exp else None, total.swapaxes(0, axis)
+    m = xb.max(axis=axis, keepdims=True)
+    e = xb - m
+    xp.exp(e, out=e)
+    return m, e if need_exp else None, e.sum(axis=axis, keepdims=True)
+
+
 def softmax(x, axis=-1, out=None):
     """Numerically stable softmax along ``axis``; ``out`` may alias ``x``.
 
@@ -332,6 +367,10 @@ def softmax(x, axis=-1, out=None):
 
     def block(index):
         xb, ob = x[index], out[index]
+        if _short_axis(xp, xb, axis):
+            _, e, s = _max_and_exp_sum(xp, xb, axis, True)
+            xp.divide(e, s, out=ob)
+            return
         m = xb.max(axis=axis, keepdims=True)
         xp.subtract(xb, m, out=ob)
         xp.exp(ob, out=ob)
@@ -483,9 +522,53 @@ def sigmoid(xp, x, out):
     return r
 
 
+#: The NumPy inputs :func:`numpy_relu` compares with a zero array (elements):
+#: smaller ones cost more to look the zeros up for than they save.
+ZEROS_RANGE = (1024, 1 << 20)
+_zero_arrays: dict = {}    # dtype -> a read-only zero array of up to ZEROS_RANGE[1] elements
+_zero_views: dict = {}     # (shape, dtype) -> a view of it
+
+
+def _zeros_shaped(x):
+    """Zeros of ``x``'s shape and type, a view of one cached array per type.
+
+    ``np.zeros`` maps pages it has not written, and reading them maps the
+    system's shared zero page: the cached array costs address space, not
+    memory."""
+    key = (x.shape, x.dtype)
+    view = _zero_views.get(key)
+    if view is not None:
+        return view
+    zeros = _zero_arrays.get(x.dtype)
+    if zeros is None or zeros.size < x.size:
+        grown = 0 if zeros is None else 2 * zeros.size
+        zeros = np.zeros(min(ZEROS_RANGE[1], max(x.size, grown)), x.dtype)
+        zeros.flags.writeable = False
+        _zero_arrays[x.dtype] = zeros
+        _zero_views.clear()
+    if len(_zero_views) >= 64:
+        _zero_views.clear()
+    view = _zero_views[key] = zeros[:x.size].reshape(x.shape)
+    return view
+
+
+def numpy_relu(x, out=None):
+    """``np.maximum(x, 0, out=out)`` on a NumPy array, the same bits.
+
+    NumPy 2.4 runs float32 ``maximum`` against a broadcast scalar without its
+    SIMD loop, 2-3x slower than against an array of zeros (docs/benchmarks.md,
+    target 3); in :data:`ZEROS_RANGE` the zeros are an array (larger inputs
+    come here in row blocks)."""
+    if x.dtype.kind == "f" and ZEROS_RANGE[0] <= x.size <= ZEROS_RANGE[1]:
+        return np.maximum(x, _zeros_shaped(x), out=out)
+    return np.maximum(x, x.dtype.type(0), out=out)
+
+
 @_elementwise
 def relu(xp, x, out):
     """``max(x, 0)`` (NaN stays NaN)."""
+    if xp is np:
+        return numpy_relu(x, out)
     return xp.maximum(x, 0, out=out) if out is not None else xp.maximum(x, x.dtype.type(0))
 
 
@@ -663,13 +746,10 @@ def log_softmax(x, axis=-1, out=None):
 
     def block(index):
         xb = x[index]
-        shift = xb.max(axis=axis, keepdims=True)
-        e = xb - shift
-        xp.exp(e, out=e)
-        s = e.sum(axis=axis, keepdims=True)
+        shift, _, s = _max_and_exp_sum(xp, xb, axis, False)
         xp.log(s, out=s)
-        shift += s
-        xp.subtract(xb, shift, out=out[index])
+        s += shift
+        xp.subtract(xb, s, out=out[index])
 
     kernel_threads.run_blocks(xp, x.shape, x.size, x.dtype.itemsize, _split_axis(x.ndim, axis), block)
     return out
@@ -715,10 +795,7 @@ def cross_entropy(logits, labels, out=None):
     def block(index):
         rows = index[0]
         xb = flat[rows]
-        m = xb.max(axis=1, keepdims=True)
-        e = xb - m
-        xp.exp(e, out=e)
-        lse = e.sum(axis=1, keepdims=True)
+        m, _, lse = _max_and_exp_sum(xp, xb, 1, False)
         xp.log(lse, out=lse)
         lse += m
         picked = xb[xp.arange(xb.shape[0]), picks[rows]]

@@ -65,7 +65,7 @@ kfx_check_op_rows(PyObject *rows)
  *
  * For the ops whose default comes down to one NumPy function on small
  * operands (runtime_ops.RuntimeOp.direct: matmul, the binary ufuncs, exp, log,
- * tanh), the fast path calls that function itself, ``direct(*inputs,
+ * tanh, relu), the fast path calls that function itself, ``direct(*inputs,
  * out=out)`` under quiet floating-point conditions, instead of performing the
  * effect, when all of this holds (else the effect is performed, as before):
  *   - the effect still has the default the row was built with, and no

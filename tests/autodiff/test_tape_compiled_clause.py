@@ -1,7 +1,7 @@
 """The compiled tape clause of the direct runtime ops against the Python clause.
 
 With the compiled implementation, a tape answers the runtime ops that have a
-direct NumPy function (matmul, add, sub, mul, div, pow, exp, log, tanh) with
+direct NumPy function (matmul, add, sub, mul, div, pow, exp, log, tanh, relu) with
 ``kina_fx._speedups.TracerClause`` (kina_fx/_speedups_c/tape_calls.c), which
 records the common case in C and hands every other call to the Python clause
 (``BufferTracer.apply``).  Here generated programs run through the real
