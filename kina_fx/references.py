@@ -39,11 +39,7 @@ def dying_with_traceback(obj, exc) -> int:
     if exc is None:
         return 0
     count = 0
-    level = []
-    tb = exc.__traceback__
-    while tb is not None:
-        level.append(tb.tb_frame)
-        tb = tb.tb_next
+    level = _frames_dying_with(exc)
     held = {}                       # id -> [object, references from the frames and dying holders]
     scanned = set()
     for _ in range(LEVELS):
@@ -62,6 +58,61 @@ def dying_with_traceback(obj, exc) -> int:
                 level.append(entry[0])
         if not level:
             break
+    return count
+
+
+def _frames_dying_with(exc) -> list:
+    """The frames of ``exc``'s traceback, and those of the exceptions of its
+    chain (``__cause__``, ``__context__``: an exception raised in a
+    ``finally`` or ``except`` block holds the one it replaced) that nothing
+    but that chain and those frames holds: their tracebacks die with
+    ``exc``'s.  An exception of the chain held elsewhere too (a clause that
+    kept it) keeps its frames, and what they reference."""
+    frames, seen = [], set()
+
+    def add_frames(e):
+        tb = e.__traceback__
+        while tb is not None:
+            if id(tb.tb_frame) not in seen:
+                seen.add(id(tb.tb_frame))
+                frames.append(tb.tb_frame)
+            tb = tb.tb_next
+
+    add_frames(exc)
+    candidates = [exc]              # the chain, each exception once, exc first
+    i = 0
+    while i < len(candidates) <= LEVELS:
+        for linked in (candidates[i].__cause__, candidates[i].__context__):
+            if linked is not None and all(linked is not c for c in candidates):
+                candidates.append(linked)
+        i += 1
+    linked = None
+    dying = [candidates.pop(0)]
+    changed = True
+    while changed and candidates:
+        changed = False
+        for i in range(len(candidates)):
+            holders = _references_among(candidates[i], dying, frames)
+            # - the candidates' entry, - getrefcount's argument
+            if sys.getrefcount(candidates[i]) - 2 == holders:
+                dying.append(candidates.pop(i))
+                add_frames(dying[-1])
+                changed = True
+                break
+    return frames
+
+
+def _references_among(exc, exceptions, frames) -> int:
+    """How many references to ``exc`` the ``__cause__`` and ``__context__`` of
+    ``exceptions`` and the ``frames`` hold (``exc`` itself: one more, the
+    argument, which the caller counts with getrefcount's)."""
+    count = 0
+    for e in exceptions:
+        count += (e.__cause__ is exc) + (e.__context__ is exc)
+    for frame in frames:
+        for ref in gc.get_referents(frame):
+            if ref is exc:
+                count += 1
     return count
 
 

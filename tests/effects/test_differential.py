@@ -480,6 +480,12 @@ FOUND = [
              Handle("deep", (Spec(on=(("c", TryExcept(Perform("a", 9), "E1", Lit(5))),)),),
                     TryFinally(Perform("c", 0), Seq((Perform("log", 8),)))))
       for outer in ("deep", "multi")],
+    # a clause whose finally raised again: the first exception, now the
+    # second's __context__, held frames that referenced k, and they counted
+    # as keeping it (the abort came late, detached: the log lost)
+    Handle("deep", (Spec(on=(("a", TryFinally(Perform("a", 0), Seq((Perform("log", 0), Perform("a", 0))))),
+                             ("b", Resume(Arg())))),),
+           Seq((Perform("b", 0), Seq((Arg(), TryFinally(Perform("a", 0), Seq((Perform("log", 0),)))))))),
 ]
 
 

@@ -254,3 +254,70 @@ def test_a_clause_ending_in_another_continuations_resume_finishes_it_before_the_
         events.append("caller sees KeyError")
     assert events == ["the clause's last act", "body's finally",
                       "clause result" if ends == "returns" else "caller sees KeyError"]
+
+
+LOG = Effect("test.seams.log")
+
+
+def _clause_replacing_its_exception(how, kept):
+    """A clause whose first exception (raised in a helper whose frame holds k)
+    is replaced by a second one raised while handling it: the first is the
+    second's ``__context__`` (or ``__cause__``), and holds the helper's frame."""
+    def helper(k):
+        perform(A)                         # nothing handles A: Unhandled, k in this frame
+
+    def clause(k):
+        try:
+            helper(k)
+        except Unhandled as first:
+            if kept is not None:
+                kept.append(first)         # the clause keeps it: its frames, and k, stay
+            if how == "from":
+                raise KeyError("second") from first
+            raise KeyError("second")
+        finally:
+            perform(LOG, "clause's finally")
+    return clause
+
+
+@pytest.mark.parametrize("how", ["context", "from"])
+def test_a_clause_replacing_its_exception_still_aborts_at_once(how):
+    # Found by the differential tests (random programs): the frames of the
+    # replaced exception's traceback held k, and counted as keeping it, so
+    # the abort came late and detached: the body's cleanup performed LOG
+    # where no handler was left (Unhandled, reported as unraisable).
+    events = []
+
+    def body():
+        try:
+            perform(C)
+        finally:
+            perform(LOG, "body's finally")
+
+    logger = Handler(fun={LOG: events.append})
+    try:
+        logger.run(lambda: Handler(on={C: _clause_replacing_its_exception(how, None)}).run(body))
+    except KeyError:
+        events.append("caller sees KeyError")
+    assert events == ["clause's finally", "body's finally", "caller sees KeyError"]
+
+
+def test_a_clause_keeping_the_exception_it_replaced_keeps_k():
+    # docs/effects.md, "Kept is kept": an exception the clause keeps holds the
+    # frames it went through, and the k they reference.
+    events, kept = [], []
+
+    def body():
+        try:
+            perform(C)
+        finally:
+            events.append("body's finally")
+
+    logger = Handler(fun={LOG: events.append})
+    try:
+        logger.run(lambda: Handler(on={C: _clause_replacing_its_exception("context", kept)}).run(body))
+    except KeyError:
+        events.append("caller sees KeyError")
+    assert events == ["clause's finally", "caller sees KeyError"]
+    kept.clear()                           # the last reference: unwound detached now
+    assert events[-1] == "body's finally"
