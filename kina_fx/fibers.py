@@ -415,8 +415,11 @@ def _worker_loop(requester):
     del requester
     st = local.state
     while True:
-        message = _run_job(st)
-        if not _deliver_and_idle(st, message):
+        # In a box that _deliver_and_idle empties: an idle worker must not
+        # hold its last job's outcome (an exception holds the frames it went
+        # through, and what they reference: a dropped continuation would look
+        # kept, docs/effects.md "Abort cleanup").
+        if not _deliver_and_idle(st, [_run_job(st)]):
             return None
 
 
@@ -449,11 +452,13 @@ def _run_job(st):
         return (RAISED, exc)
 
 
-def _deliver_and_idle(st, message) -> bool:
-    """Send a finished fiber's last message to its resumer and go idle.
+def _deliver_and_idle(st, box) -> bool:
+    """Send a finished fiber's last message (the item of ``box``, which this
+    empties) to its resumer and go idle.
 
     Returns True when the worker was handed a new job, False when it must end.
     """
+    message = box.pop()
     finished = st.current
     finished.glet = None
     if finished.unwinder is not None:

@@ -486,6 +486,16 @@ FOUND = [
     Handle("deep", (Spec(on=(("a", TryFinally(Perform("a", 0), Seq((Perform("log", 0), Perform("a", 0))))),
                              ("b", Resume(Arg())))),),
            Seq((Perform("b", 0), Seq((Arg(), TryFinally(Perform("a", 0), Seq((Perform("log", 0),)))))))),
+    # the same with the first exception raised in an inner handler's body: the
+    # fiber worker that ran that body kept its outcome while idle, and so the
+    # exception, its frames and k
+    Handle("deep", (Spec(on=(("a", TryFinally(Handle("deep", (Spec(on=(("b", Resume(Lit(0))),),
+                                                                   fun=(("a", Forward()),)),),
+                                                      Perform("a", 0)),
+                                               Seq((Perform("log", 0), Perform("a", 0))))),),
+                         fun=(("b", Forward()),)),),
+           Seq((Perform("b", 0), Seq((Perform("b", 0), TryFinally(Perform("a", 0),
+                                                                  Seq((Perform("log", 0),)))))))),
 ]
 
 

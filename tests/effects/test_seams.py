@@ -321,3 +321,58 @@ def test_a_clause_keeping_the_exception_it_replaced_keeps_k():
     assert events == ["clause's finally", "caller sees KeyError"]
     kept.clear()                           # the last reference: unwound detached now
     assert events[-1] == "body's finally"
+
+
+def test_an_idle_fiber_worker_keeps_nothing_of_its_last_job():
+    # The worker that ran a body kept the body's outcome, (RAISED, exception),
+    # as a local while idle: the exception, the frames it went through and
+    # what they referenced stayed alive until the worker's next job.
+    import weakref
+
+    class Sentinel:
+        pass
+
+    refs = []
+
+    def body():
+        sentinel = Sentinel()              # referenced by this frame, held by the traceback
+        refs.append(weakref.ref(sentinel))
+        perform(C)                         # suspended and resumed: a fiber runs this body
+        raise KeyError("from the body")
+
+    try:
+        Handler(on={C: lambda k: k.resume(0)}).run(body)
+    except KeyError:
+        pass
+    assert refs[0]() is None
+
+
+def test_a_clause_whose_inner_handler_raised_still_aborts_at_once():
+    # Found by the differential tests: the inner handler's body (a fiber)
+    # ended with Unhandled; its idle worker kept that exception, and through
+    # its frames the outer clause's k, so the clause's later exception left k
+    # looking kept and the body's cleanup ran late, detached, unhandled.
+    events = []
+
+    def inner_body(env):
+        perform(A)                         # unhandled: raises, env (and k) in this frame
+
+    def clause(k):
+        try:
+            Handler(on={C: lambda k2: k2.resume(0)}).run(inner_body, Env(k))
+        finally:
+            perform(LOG, "clause's finally")
+            perform(A)                     # raises again: the first is its __context__
+
+    def body():
+        try:
+            perform(C)
+        finally:
+            perform(LOG, "body's finally")
+
+    logger = Handler(fun={LOG: events.append})
+    try:
+        logger.run(lambda: Handler(on={C: clause}).run(body))
+    except Unhandled:
+        events.append("caller sees Unhandled")
+    assert events == ["clause's finally", "body's finally", "caller sees Unhandled"]
