@@ -259,6 +259,25 @@ def test_a_clause_ending_in_another_continuations_resume_finishes_it_before_the_
 LOG = Effect("test.seams.log")
 
 
+def _logged_run(clause, caught):
+    """The LOG entries and outcome of a body that performs C (and LOG in its
+    ``finally``) under a handler of C by ``clause``, inside a LOG logger."""
+    events = []
+
+    def body():
+        try:
+            perform(C)
+        finally:
+            perform(LOG, "body's finally")
+
+    logger = Handler(fun={LOG: events.append})
+    try:
+        logger.run(lambda: Handler(on={C: clause}).run(body))
+    except caught:
+        events.append(f"caller sees {caught.__name__}")
+    return events
+
+
 def _clause_replacing_its_exception(how, kept):
     """A clause whose first exception (raised in a helper whose frame holds k)
     is replaced by a second one raised while handling it: the first is the
@@ -286,41 +305,19 @@ def test_a_clause_replacing_its_exception_still_aborts_at_once(how):
     # replaced exception's traceback held k, and counted as keeping it, so
     # the abort came late and detached: the body's cleanup performed LOG
     # where no handler was left (Unhandled, reported as unraisable).
-    events = []
-
-    def body():
-        try:
-            perform(C)
-        finally:
-            perform(LOG, "body's finally")
-
-    logger = Handler(fun={LOG: events.append})
-    try:
-        logger.run(lambda: Handler(on={C: _clause_replacing_its_exception(how, None)}).run(body))
-    except KeyError:
-        events.append("caller sees KeyError")
+    events = _logged_run(_clause_replacing_its_exception(how, None), KeyError)
     assert events == ["clause's finally", "body's finally", "caller sees KeyError"]
 
 
-def test_a_clause_keeping_the_exception_it_replaced_keeps_k():
+def test_a_clause_keeping_the_exception_it_replaced_keeps_k(monkeypatch):
     # docs/effects.md, "Kept is kept": an exception the clause keeps holds the
     # frames it went through, and the k they reference.
-    events, kept = [], []
-
-    def body():
-        try:
-            perform(C)
-        finally:
-            events.append("body's finally")
-
-    logger = Handler(fun={LOG: events.append})
-    try:
-        logger.run(lambda: Handler(on={C: _clause_replacing_its_exception("context", kept)}).run(body))
-    except KeyError:
-        events.append("caller sees KeyError")
+    kept, reported = [], []
+    events = _logged_run(_clause_replacing_its_exception("context", kept), KeyError)
     assert events == ["clause's finally", "caller sees KeyError"]
-    kept.clear()                           # the last reference: unwound detached now
-    assert events[-1] == "body's finally"
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    kept.clear()                           # the last reference: unwound detached now,
+    assert [type(r.exc_value) for r in reported] == [Unhandled]   # its LOG unhandled there
 
 
 def test_an_idle_fiber_worker_keeps_nothing_of_its_last_job():
@@ -352,8 +349,6 @@ def test_a_clause_whose_inner_handler_raised_still_aborts_at_once():
     # ended with Unhandled; its idle worker kept that exception, and through
     # its frames the outer clause's k, so the clause's later exception left k
     # looking kept and the body's cleanup ran late, detached, unhandled.
-    events = []
-
     def inner_body(env):
         perform(A)                         # unhandled: raises, env (and k) in this frame
 
@@ -364,15 +359,5 @@ def test_a_clause_whose_inner_handler_raised_still_aborts_at_once():
             perform(LOG, "clause's finally")
             perform(A)                     # raises again: the first is its __context__
 
-    def body():
-        try:
-            perform(C)
-        finally:
-            perform(LOG, "body's finally")
-
-    logger = Handler(fun={LOG: events.append})
-    try:
-        logger.run(lambda: Handler(on={C: clause}).run(body))
-    except Unhandled:
-        events.append("caller sees Unhandled")
+    events = _logged_run(clause, Unhandled)
     assert events == ["clause's finally", "body's finally", "caller sees Unhandled"]
