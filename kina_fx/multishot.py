@@ -328,8 +328,12 @@ class _Run:
             if value is FORWARD:
                 value = perform(effect, *args)
         except BaseException as exc:
-            return k.discontinue(exc)
-        return k.resume(value)
+            # Thrown into the body with no reference left in this frame,
+            # which waits while the body runs (see discontinue).
+            box = [exc]
+        else:
+            return k.resume(value)
+        return discontinue_taking(k, box)
 
     def returned(self, value):
         self._check_complete("returned")

@@ -496,6 +496,13 @@ FOUND = [
                          fun=(("b", Forward()),)),),
            Seq((Perform("b", 0), Seq((Perform("b", 0), TryFinally(Perform("a", 0),
                                                                   Seq((Perform("log", 0),)))))))),
+    # a MultiHandler declining an effect threw the Unhandled into its body
+    # from a frame that kept it while the body ran: an inner clause's k,
+    # referenced by that exception's frames, looked kept (found on 3.10)
+    Handle("multi", (Spec(fun=(("a", Forward()), ("b", Forward()))),),
+           Handle("multi", (Spec(on=(("a", Seq((Lit(0), TryFinally(Perform("a", 0), Seq((
+               Perform("log", 0), Perform("a", 0))))))),), fun=(("b", Forward()),)),),
+                  TryFinally(Perform("a", 0), Seq((Perform("log", 0),))))),
 ]
 
 

@@ -559,3 +559,40 @@ def test_replays_raise_the_recorded_exceptions_again():
                          Choose: lambda k, xs: [k.resume(x) for x in xs]})
     assert h.run(body) == [1, 2]
     assert seen == [("recorded",), ("recorded",)]
+
+
+@pytest.mark.parametrize("inner", ["multi", "deep"])
+def test_an_exception_a_multihandler_forwarded_does_not_keep_an_inner_clauses_k(inner):
+    # Found by the differential tests (random seeds): a MultiHandler whose fun
+    # clause declined an effect that nothing outside handled threw the
+    # Unhandled into its body from a frame that kept it while the body ran;
+    # the exception's frames held an inner clause's k, which then looked kept
+    # when that clause raised again, and its body's cleanup ran late, detached,
+    # with no LOG handler left.
+    A, C, LOG = Effect("test.ms.seam.a"), Effect("test.ms.seam.c"), Effect("test.ms.seam.log")
+    events = []
+
+    def helper(k):
+        perform(A)                          # declined by the outer MultiHandler: Unhandled
+
+    def clause(k):
+        try:
+            helper(k)
+        finally:
+            perform(LOG, "clause's finally")
+            perform(A)                      # again: the first Unhandled is its __context__
+
+    def body():
+        try:
+            perform(C)
+        finally:
+            perform(LOG, "body's finally")
+
+    make = MultiHandler if inner == "multi" else Handler
+    outer = MultiHandler(fun={A: lambda: FORWARD})
+    logger = Handler(fun={LOG: events.append})
+    try:
+        logger.run(lambda: outer.run(lambda: make(on={C: clause}).run(body)))
+    except Unhandled:
+        events.append("caller sees Unhandled")
+    assert events == ["clause's finally", "body's finally", "caller sees Unhandled"]
