@@ -34,11 +34,18 @@ from support.effects_reference import (Arg, CFiber, CHandle, CPerform, Discontin
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 EXAMPLES, CI_EXAMPLES = 60, 600
+# KINA_FX_SOAK=N: N programs per test from random seeds, new ones each run
+# (the plain and CI runs draw the same programs every time).  Not in CI; what
+# a soak finds goes into FOUND below.
+SOAK = int(os.environ.get("KINA_FX_SOAK", "0") or 0)
 settings.register_profile("effects-differential", max_examples=EXAMPLES, deadline=None,
                           derandomize=True, suppress_health_check=list(HealthCheck))
 settings.register_profile("effects-differential-ci", max_examples=CI_EXAMPLES, deadline=None,
                           derandomize=True, suppress_health_check=list(HealthCheck))
-PROFILE = settings.get_profile("effects-differential-ci" if CI else "effects-differential")
+settings.register_profile("effects-differential-soak", max_examples=max(SOAK, 1), deadline=None,
+                          derandomize=False, suppress_health_check=list(HealthCheck))
+PROFILE = settings.get_profile("effects-differential-soak" if SOAK else
+                               "effects-differential-ci" if CI else "effects-differential")
 
 ROOT = Path(__file__).resolve().parents[2]
 
