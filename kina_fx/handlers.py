@@ -780,6 +780,11 @@ def _drive_py(step):
                 finally:
                     payload = None          # no cycle through this frame (see _suspend_perform)
             result = handler.exc(payload)
+            # Nor once the exc clause is done: this frame outlives its run
+            # when a later frame's f_back chain holds it, and with its locals
+            # the exception, its frames and what they reference (a clause's
+            # continuation would look kept).
+            payload = None
         if result.__class__ is _TailResume:
             step = [result.chain, result.send]
             result = None
@@ -818,7 +823,7 @@ def _abort_unless_kept(box, handler, exc, result=None):
     # nor do the copies a trace function makes on 3.10 (counted first: that
     # may add them).
     copies = copied_into_frame_locals(k)
-    if sys.getrefcount(k) - dying_with_traceback(k, exc) - copies > 2:
+    if sys.getrefcount(k) - dying_with_traceback(k, exc, _ABORT_SIGNALS) - copies > 2:
         return result
     if result.__class__ is _TailResume:
         step = [result.chain, result.send]
@@ -832,9 +837,16 @@ def _abort_unless_kept(box, handler, exc, result=None):
     return result
 
 
+# The ids of the abort signals in flight.  Each one's traceback is dropped when
+# its abort ends, so the frames it went through do not keep a continuation
+# that an inner clause, unwound by it, dropped meanwhile (dying_with_traceback).
+_ABORT_SIGNALS: set = set()
+
+
 def _abort(k, handler, exc):
     """Abort the body suspended in ``k`` (see _abort_unless_kept)."""
     signal = fibers.Unwind("the handler returned without resuming: the body is aborted")
+    _ABORT_SIGNALS.add(id(signal))
     try:
         if k.shallow:
             k.discontinue_with(signal, handler)
@@ -853,6 +865,7 @@ def _abort(k, handler, exc):
         # every caller's frame alive, and what they reference: the
         # continuation of an outer clause, then not aborted when it returns.
         signal.__traceback__ = None
+        _ABORT_SIGNALS.discard(id(signal))
 
 
 # The driver loop in use: the one above, or its compiled copy

@@ -28,18 +28,20 @@ _NOT_HOLDERS = (types.FrameType, types.CodeType, types.ModuleType, BaseException
 _CO_OPTIMIZED = inspect.CO_OPTIMIZED        # a function's code: fast locals
 
 
-def dying_with_traceback(obj, exc) -> int:
+def dying_with_traceback(obj, exc, released=frozenset()) -> int:
     """How many references to ``obj`` die with ``exc``'s traceback (0 if
     ``exc`` is None): those of its frames (a clause's argument), and those of
     objects that only such frames and such objects hold (a bound
     ``k.resume`` handed to a helper, a wrapper made for the clause such as
     aio's AsyncContinuation or multishot's MultiContinuation, a closure cell).
     An object counts once every reference to it is accounted for; the
-    exception itself never does (``raise Stop(k)`` keeps k)."""
+    exception itself never does (``raise Stop(k)`` keeps k).  ``released``:
+    the ids of exceptions whose tracebacks their holder drops once done (the
+    abort signals in flight), whose frames die too, whoever holds them."""
     if exc is None:
         return 0
     count = 0
-    level = _frames_dying_with(exc)
+    level = _frames_dying_with(exc, released)
     held = {}                       # id -> [object, references from the frames and dying holders]
     scanned = set()
     for _ in range(LEVELS):
@@ -61,13 +63,14 @@ def dying_with_traceback(obj, exc) -> int:
     return count
 
 
-def _frames_dying_with(exc) -> list:
+def _frames_dying_with(exc, released=frozenset()) -> list:
     """The frames of ``exc``'s traceback, and those of the exceptions of its
     chain (``__cause__``, ``__context__``: an exception raised in a
     ``finally`` or ``except`` block holds the one it replaced) that nothing
     but that chain and those frames holds: their tracebacks die with
-    ``exc``'s.  An exception of the chain held elsewhere too (a clause that
-    kept it) keeps its frames, and what they reference."""
+    ``exc``'s; and those of the chain's ``released`` exceptions (see
+    :func:`dying_with_traceback`).  An exception of the chain held elsewhere
+    too (a clause that kept it) keeps its frames, and what they reference."""
     frames, seen = [], set()
 
     def add_frames(e):
@@ -94,7 +97,7 @@ def _frames_dying_with(exc) -> list:
         for i in range(len(candidates)):
             holders = _references_among(candidates[i], dying, frames)
             # - the candidates' entry, - getrefcount's argument
-            if sys.getrefcount(candidates[i]) - 2 == holders:
+            if id(candidates[i]) in released or sys.getrefcount(candidates[i]) - 2 == holders:
                 dying.append(candidates.pop(i))
                 add_frames(dying[-1])
                 changed = True

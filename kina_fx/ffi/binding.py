@@ -68,7 +68,13 @@ def _onerror(exc_type, exc_value, _traceback):
         exc = exc_value if exc_value is not None else exc_type()
         status, message = status_and_message(exc)
         _lib.kina__set_last_error(message.encode("utf-8", "replace")[:1000])
-        _last.failure = (status, exc.with_traceback(None))
+        # Kept without its traceback, nor the exceptions it replaced (which
+        # keep theirs): their frames, and their callers', may hold a
+        # continuation, which would then look kept (docs/effects.md, "Abort
+        # cleanup") until the thread's next failure replaced this one.
+        exc = exc.with_traceback(None)
+        exc.__cause__ = exc.__context__ = None
+        _last.failure = (status, exc)
         return status
     except BaseException:  # even formatting failed: still a code, never a traceback
         return int(Status.INTERNAL)
@@ -79,7 +85,8 @@ def take_last_exception(status: int) -> BaseException | None:
 
     For Python code that called compiled code, which called the library: it
     re-raises the original exception (a :class:`kina_fx.autograd.memory.TapeError`,
-    say) rather than the generic class of its status.  Taken once."""
+    say) rather than the generic class of its status, without the traceback
+    and the chain (``__cause__``, ``__context__``) it had.  Taken once."""
     failure = getattr(_last, "failure", None)
     _last.failure = None
     if failure is None or failure[0] != status:

@@ -510,6 +510,38 @@ FOUND = [
            Handle("multi", (Spec(on=(("a", Seq((Lit(0), TryFinally(Perform("a", 0), Seq((
                Perform("log", 0), Perform("a", 0))))))),), fun=(("b", Forward()),)),),
                   TryFinally(Perform("a", 0), Seq((Perform("log", 0),))))),
+    # the pure-Python driver kept the exception its exc clause got in a local:
+    # its frame, alive through a later frame's f_back chain, held it, and
+    # through its frames a clause's k (found on 3.12)
+    Handle("deep", (Spec(on=(("a", Resume(Arg())),
+                             ("b", Handle("multi", (Spec(on=(("b", Resume(Arg())),),
+                                                         fun=(("a", Forward()),),
+                                                         exc=Seq((Lit("exc"), Arg()))),),
+                                          Perform("a", 0)))),
+                         fun=(("c", Forward()),)),),
+           Seq((Perform("a", 0), TryFinally(Perform("b", 0), Seq((Perform("log", 0),)))))),
+]
+
+
+# ... through the C ABI (C performs, host fibers) ...
+FOUND_C = [
+    # a C perform's exception (unhandled), kept for take_last_exception with
+    # the chain it replaced: those exceptions' frames, and their callers',
+    # held the clause's k, which looked kept
+    Handle("deep", (Spec(on=(("b", TryFinally(Perform("a", 0), Seq((
+        Perform("log", 0), TryExcept(Perform("a", 0), "BaseException",
+                                     Seq((CPerform("a", 0), Perform("a", 0)))))))),),
+                         fun=(("a", Forward()), ("c", Forward()))),),
+           Seq((CPerform("b", 0), Perform("b", 0)))),
+    # an outer abort's Unwind, held by that abort until it ends, went through
+    # frames of an inner clause that hold its k: when that clause raised, its
+    # k looked kept (with a host fiber as the inner body)
+    Handle("multi", (Spec(on=(("b", Discontinue("E1")), ("c", Resume(Arg())), ("a", Perform("a", 0)))),),
+           Handle("multi", (Spec(on=(("b", Resume(Arg())), ("c", Resume(Arg())),
+                                     ("a", Seq((TryFinally(Perform("a", 0), Seq((Perform("log", 0),
+                                                                                Perform("a", 0)))),
+                                                Lit(0)))))),),
+                  CFiber(("c",), "answer", TryFinally(Perform("a", 0), Seq((Perform("log", 0),)))))),
 ]
 
 
@@ -527,6 +559,12 @@ FOUND_ASYNC = [
 @pytest.mark.parametrize("program", FOUND, ids=[f"found{i}" for i in range(len(FOUND))])
 def test_programs_found_before_agree_with_the_reference(program):
     agree(program, Runner())
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("program", FOUND_C, ids=[f"found{i}" for i in range(len(FOUND_C))])
+def test_programs_found_before_agree_with_the_reference_through_the_c_abi(c_abi, program):
+    agree(program, Runner(c_abi))
 
 
 @pytest.mark.parametrize("program", FOUND_ASYNC, ids=[f"found{i}" for i in range(len(FOUND_ASYNC))])

@@ -361,3 +361,36 @@ def test_a_clause_whose_inner_handler_raised_still_aborts_at_once():
 
     events = _logged_run(clause, Unhandled)
     assert events == ["clause's finally", "body's finally", "caller sees Unhandled"]
+
+
+def test_an_inner_clause_unwound_by_an_outer_abort_still_aborts_its_own_body():
+    # Found by the differential tests (random seeds, through the C ABI): the
+    # outer abort's Unwind went through a helper frame of the inner clause
+    # that holds its k, and the outer abort holds that Unwind until it ends;
+    # when the inner clause then raised (a nested abort's Unwind, with the
+    # first as its __context__), its k looked kept and its body's cleanup
+    # ran late, detached.
+    def helper(k):
+        perform(A)                         # the outer clause aborts: Unwind raised here
+
+    def inner_clause(k):
+        try:
+            helper(k)
+        finally:
+            perform(LOG, "clause's finally")
+            perform(A)                     # during that abort: the outer clause again
+
+    def outer_clause(k):
+        return perform(A)                  # nothing outside handles A: Unhandled, k dropped
+
+    def body():
+        try:
+            perform(C)
+        finally:
+            perform(LOG, "body's finally")
+
+    events = []
+    logger, outer = Handler(fun={LOG: events.append}), Handler(on={A: outer_clause})
+    with pytest.raises(Unhandled):
+        logger.run(lambda: outer.run(lambda: Handler(on={C: inner_clause}).run(body)))
+    assert events == ["clause's finally", "body's finally"]
