@@ -37,7 +37,7 @@ def same_bits(a, b):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("shape", [(2, 2), (31, 33), (64, 64), (3, 500, 7), (1 << 20,), (1 << 20 + 1,)])
+@pytest.mark.parametrize("shape", [(2, 2), (31, 33), (64, 64), (3, 500, 7), (1 << 20,), ((1 << 20) + 1,)])
 def test_relu_is_maximum_with_zero_bit_for_bit(dtype, shape):
     x = random_bits(shape, dtype, seed=sum(shape))
     expected = np.maximum(x, 0)
