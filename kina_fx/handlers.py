@@ -779,12 +779,15 @@ def _drive_py(step):
                     raise payload
                 finally:
                     payload = None          # no cycle through this frame (see _suspend_perform)
-            result = handler.exc(payload)
-            # Nor once the exc clause is done: this frame outlives its run
-            # when a later frame's f_back chain holds it, and with its locals
-            # the exception, its frames and what they reference (a clause's
-            # continuation would look kept).
-            payload = None
+            # Nor once the exc clause is done, returning or raising: this frame
+            # outlives its run when a later frame's f_back chain or the
+            # exception's own traceback holds it, and with its locals the
+            # exception, its frames and what they reference (a cycle; a
+            # clause's continuation would look kept).
+            try:
+                result = handler.exc(payload)
+            finally:
+                payload = None
         if result.__class__ is _TailResume:
             step = [result.chain, result.send]
             result = None

@@ -520,6 +520,15 @@ FOUND = [
                                           Perform("a", 0)))),
                          fun=(("c", Forward()),)),),
            Seq((Perform("a", 0), TryFinally(Perform("b", 0), Seq((Perform("log", 0),)))))),
+    # ... and when that exc clause re-raised it: the exception's traceback
+    # held the driver's frame, whose local held the exception (a cycle)
+    Handle("deep", (Spec(on=(("a", Handle("multi", (Spec(on=(("a", Discontinue("E1")),
+                                                               ("c", TryExcept(Resume(Arg()), "BaseException",
+                                                                               Perform("b", 0)))),
+                                                           fun=(("b", Forward()),)),),
+                                          Seq((Perform("c", 0), Perform("a", 0))))),),
+                         fun=(("b", Forward()),)),),
+           TryFinally(Perform("a", 0), Seq((Perform("log", 0),)))),
 ]
 
 
