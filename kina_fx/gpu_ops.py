@@ -333,25 +333,26 @@ def _short_axis(xp, xb, axis) -> bool:
     return xp is np and 1 < xb.shape[axis] <= SHORT_AXIS and xb.ndim > 1 and xb.size >= 512
 
 
-def _max_and_exp_sum(xp, xb, axis, need_exp: bool):
+def _max_and_exp_sum(xp, xb, axis, e_out=None):
     """``(m, e, s)`` of block ``xb`` along ``axis``: ``m`` its maximum and
-    ``s`` the sum of ``e = exp(xb - m)``, both with ``axis`` kept (length 1);
-    ``e`` (``xb``'s shape) only with ``need_exp``, else None.
+    ``s`` the sum of ``e = exp(xb - m)``, both with ``axis`` kept (length 1),
+    and ``e`` itself (``xb``'s shape), computed in ``e_out`` when given (it
+    may be ``xb``).
 
     A short axis (:data:`SHORT_AXIS`) of a NumPy block is swapped with the
-    first in a contiguous copy, which then holds ``e``; all three come back
-    as views in ``xb``'s axis order."""
+    first in a contiguous copy, which then holds ``e`` (``e_out`` untouched);
+    all three come back as views in ``xb``'s axis order."""
     if _short_axis(xp, xb, axis):
         w = xb.swapaxes(0, axis).copy()
         m = np.maximum.reduce(w, axis=0, keepdims=True)
         np.subtract(w, m, out=w)
         np.exp(w, out=w)
         total = np.add.reduce(w, axis=0, keepdims=True)
-        return m.swapaxes(0, axis), w.swapaxes(0, axis) if need_exp else None, total.swapaxes(0, axis)
+        return m.swapaxes(0, axis), w.swapaxes(0, axis), total.swapaxes(0, axis)
     m = xb.max(axis=axis, keepdims=True)
-    e = xb - m
+    e = xp.subtract(xb, m, out=e_out)
     xp.exp(e, out=e)
-    return m, e if need_exp else None, e.sum(axis=axis, keepdims=True)
+    return m, e, e.sum(axis=axis, keepdims=True)
 
 
 def softmax(x, axis=-1, out=None):
@@ -366,16 +367,9 @@ def softmax(x, axis=-1, out=None):
         return out
 
     def block(index):
-        xb, ob = x[index], out[index]
-        if _short_axis(xp, xb, axis):
-            _, e, s = _max_and_exp_sum(xp, xb, axis, True)
-            xp.divide(e, s, out=ob)
-            return
-        m = xb.max(axis=axis, keepdims=True)
-        xp.subtract(xb, m, out=ob)
-        xp.exp(ob, out=ob)
-        s = ob.sum(axis=axis, keepdims=True)
-        xp.divide(ob, s, out=ob)
+        ob = out[index]
+        _, e, s = _max_and_exp_sum(xp, x[index], axis, ob)
+        xp.divide(e, s, out=ob)
 
     kernel_threads.run_blocks(xp, x.shape, x.size, x.dtype.itemsize, _split_axis(x.ndim, axis), block)
     return out
@@ -746,7 +740,7 @@ def log_softmax(x, axis=-1, out=None):
 
     def block(index):
         xb = x[index]
-        shift, _, s = _max_and_exp_sum(xp, xb, axis, False)
+        shift, _, s = _max_and_exp_sum(xp, xb, axis)
         xp.log(s, out=s)
         s += shift
         xp.subtract(xb, s, out=out[index])
@@ -795,7 +789,7 @@ def cross_entropy(logits, labels, out=None):
     def block(index):
         rows = index[0]
         xb = flat[rows]
-        m, _, lse = _max_and_exp_sum(xp, xb, 1, False)
+        m, _, lse = _max_and_exp_sum(xp, xb, 1)
         xp.log(lse, out=lse)
         lse += m
         picked = xb[xp.arange(xb.shape[0]), picks[rows]]

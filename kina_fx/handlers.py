@@ -774,17 +774,15 @@ def _drive_py(step):
         elif kind is RETURNED:
             result = payload if handler.ret is None else handler.ret(payload)
         elif kind is RAISED:
-            if handler.exc is None or not isinstance(payload, Exception):
-                try:
-                    raise payload
-                finally:
-                    payload = None          # no cycle through this frame (see _suspend_perform)
-            # Nor once the exc clause is done, returning or raising: this frame
-            # outlives its run when a later frame's f_back chain or the
-            # exception's own traceback holds it, and with its locals the
+            # The exception is raised or handed to the exc clause, and no
+            # longer held here once that is done, returning or raising: this
+            # frame outlives its run when the exception's traceback or a later
+            # frame's f_back chain holds it, and with its locals the
             # exception, its frames and what they reference (a cycle; a
-            # clause's continuation would look kept).
+            # clause's continuation would look kept; see _suspend_perform).
             try:
+                if handler.exc is None or not isinstance(payload, Exception):
+                    raise payload
                 result = handler.exc(payload)
             finally:
                 payload = None
