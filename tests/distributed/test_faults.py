@@ -60,6 +60,8 @@ def test_a_killed_rank_ends_the_job(mpirun):
 def test_a_rank_that_hangs_times_the_others_out(mpirun, check):
     """Caught by the call comparison's wait, or (check=False) by the data call's."""
     launch = mpirun(2, "fault", "hang", env={"DIST_TEST_TIMEOUT": "3", "DIST_TEST_CHECK": check})
+    aborted = launch.seen("rank 0 of 2 aborts the job")
+    assert aborted is not None and aborted < QUICK, launch.output
     assert launch.seconds < QUICK, launch.output
     assert "finished step 2" not in launch.output
     assert "CommunicationError" in launch.result.stderr
