@@ -421,6 +421,7 @@ class MemoryTape(BufferTracer):
         self.stale = True
         self.recording = False
         self._handler = None      # went with the fiber's stack (never exited: not pooled)
+        self.tape.abandon()
         self.tape = None
         self.parent = None
         self.table.clear()

@@ -21,7 +21,7 @@ from . import samples
 from .primitives import (COMPLEX_REFUSAL, expand_back, extremum_weights, norm_axes, op,
                          reduction_prepare, unary_ufunc, unbroadcast, unwrapping,
                          weighted_reduction)
-from .tensor import (Tensor, _raw, _shape, array_module, as_sequence, is_traced, kernels,
+from .tensor import (Tensor, _operand, _raw, _shape, array_module, as_sequence, is_traced, kernels,
                      recordable)
 
 __all__ = [
@@ -42,11 +42,12 @@ _pysum = sum
 def _arithmetic_kernel(operator):
     """The kernel of an arithmetic op: ``operator`` (``operator.add``) of the
     raw arrays (NumPy and CuPy arrays implement them)."""
+    name = operator.__name__
     def kernel(a, b):
         if a.__class__ is Tensor:
-            a = _raw(a)
+            a = _operand(a, name)
         if b.__class__ is Tensor:
-            b = _raw(b)
+            b = _operand(b, name)
         return operator(a, b)
     kernel.__name__ = kernel.__qualname__ = f"{operator.__name__}_kernel"
     return unwrapping(kernel)
@@ -139,9 +140,9 @@ class pow:
     and JAX."""
     def kernel(x, p):
         if x.__class__ is Tensor:
-            x = _raw(x)
+            x = _operand(x, "pow")
         if p.__class__ is Tensor:
-            p = _raw(p)
+            p = _operand(p, "pow")
         return x ** p
     unwrapping(kernel)
 
@@ -158,7 +159,7 @@ class neg:
     """``-x``."""
     def kernel(x):
         if x.__class__ is Tensor:
-            x = _raw(x)
+            x = _operand(x, "neg")
         return -x
     unwrapping(kernel)
 
@@ -194,7 +195,7 @@ class sigmoid:
     kernel: SciPy's/CuPy's ``expit`` when installed)."""
     def kernel(x):
         if x.__class__ is Tensor:
-            x = _raw(x)
+            x = _operand(x, "sigmoid")
         return gpu_ops.sigmoid(x)
     unwrapping(kernel)
 
@@ -213,7 +214,7 @@ class relu:
     """Elementwise ``max(x, 0)`` (derivative 0 at 0)."""
     def kernel(x):
         if x.__class__ is Tensor:
-            x = _raw(x)
+            x = _operand(x, "relu")
         if x.__class__ is _ndarray and x.dtype.kind == "f":
             return gpu_ops.relu(x)          # the runtime's kernel
         return array_module(x).maximum(x, 0)

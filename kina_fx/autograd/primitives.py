@@ -38,7 +38,7 @@ from .. import gpu_ops
 from ..errors import ValidationError
 from ..handlers import Effect, perform
 from . import samples
-from .tensor import (Tensor, _as_array, _plain, _raw, _shape, array_module, as_sequence,
+from .tensor import (Tensor, _as_array, _operand, _plain, _raw, _shape, array_module, as_sequence,
                      kernels, recordable)
 
 __all__ = ["op", "Primitive", "PRIMITIVES", "NUMPY_RULES", "COMPOSITES", "effect_of",
@@ -120,7 +120,7 @@ def xp_kernel(name: str) -> Callable:
 
     def kernel(x):
         if x.__class__ is Tensor:
-            x = _raw(x)
+            x = _operand(x, name)
         if x.__class__ is _ndarray:
             return np_fn(x)
         return getattr(array_module(x), name)(x)
@@ -135,29 +135,31 @@ def unwrapping(kernel):
     return kernel
 
 
-def _default_for(kernel, nin, sequence):
+def _default_for(kernel, nin, sequence, diff, name):
     """The effect's default: strip leftover wrappers (plain Tensors, boxes of
-    finished traces), run the kernel."""
+    finished traces; a running trace's box in a differentiable input is
+    refused: :func:`~kina_fx.autograd.tensor._operand`), run the kernel."""
     if getattr(kernel, "unwraps", False):
         return kernel
+    unwrap = [(lambda v: _operand(v, name)) if d else _raw for d in diff]
 
     def default_sequence(xs, *params):
-        return kernel(tuple(_raw(x) for x in xs), *params)
+        return kernel(tuple(unwrap[0](x) for x in xs), *params)
 
     def default_unary(x, *params):
         if x.__class__ is Tensor:
-            x = _raw(x)
+            x = unwrap[0](x)
         return kernel(x, *params)
 
     def default_binary(a, b, *params):
         if a.__class__ is Tensor:
-            a = _raw(a)
+            a = unwrap[0](a)
         if b.__class__ is Tensor:
-            b = _raw(b)
+            b = unwrap[1](b)
         return kernel(a, b, *params)
 
     def default(*args):
-        return kernel(*[_raw(a) for a in args])
+        return kernel(*[unwrap[k](a) if k < nin else _raw(a) for k, a in enumerate(args)])
     if sequence:
         return default_sequence
     return default_unary if nin == 1 else default_binary if nin == 2 else default
@@ -478,7 +480,7 @@ def op(name: str | None = None, *, numpy: Any = (), operator: str | None = None,
         p.sample, p.reference = sample, reference
         p.doc = inspect.cleandoc(spec.__doc__ or "")
         p.module = spec.__module__
-        setattr(p.effect, "default", _default_for(kernel, nin, sequence))
+        setattr(p.effect, "default", _default_for(kernel, nin, sequence, diff, opname))
 
         if prepare is None and not sequence and nin == 1:
             public = _public_unary(p.effect)

@@ -114,6 +114,14 @@ class Tape:
     def __exit__(self, *exc: Any) -> None:
         _tape_pool.exit(self, exc)
 
+    def abandon(self) -> None:
+        """The handler stack this tape records on is gone (the fiber it began
+        on ended while it recorded, :class:`~kina_fx.autograd.memory.MemoryTape`):
+        it never records again, and its boxes are finished ones (what they
+        hold one level out is what counts)."""
+        self._live = False
+        self._handler = None
+
     def _record(self, rule, ids, u, v, out, prim) -> Tensor:
         """Append the node ``(rule, id of out, ids, u, v, out, prim)`` (see
         :meth:`_backward`) and return ``out``'s box.  The hottest clauses

@@ -202,6 +202,32 @@ def _lift(v):
     return v
 
 
+def _operand(v, op: str = "a primitive"):
+    """``v`` as a kernel's operand: the raw value under its wrappers.
+
+    A kernel runs where no trace took the op (an effect's default, or the raw
+    kernels of a backward pass nobody observes), so a box of a trace that is
+    still running means the op was performed outside that trace's scope: in
+    the clause of an effect handler installed around ``grad``/``vjp``/``jvp``
+    or a ``Tape``, or on a fiber the trace's handler is not on.  The trace
+    does not see the op, and the result would silently stop depending on the
+    traced input (a wrong gradient): refused, as ``float()`` of a traced value
+    is.  Plain Tensors and the boxes of finished traces are unwrapped."""
+    while v.__class__ is Tensor:
+        tr = v._trace
+        if tr is not None and tr._live:
+            raise KinaTypeError(
+                f"{op} was applied to a value traced by {tr!r} outside that trace's scope "
+                "(in the clause of an effect handler installed around the traced function, "
+                "or on a fiber the trace does not cover): the trace would not record it, "
+                "and the gradient would silently miss its contribution. Compute on the "
+                "value inside the traced function (e.g. resume the continuation with it "
+                "and compute in the body), or use t.data or stop_gradient(t) for an "
+                "explicit constant (docs/autograd.md, \"Traced values outside their trace\")")
+        v = v._value
+    return v
+
+
 def is_traced(v: Any) -> bool:
     """Whether ``v`` is (or holds, one level in) a box of a running trace."""
     return v.__class__ is Tensor and _lift(v).__class__ is Tensor
