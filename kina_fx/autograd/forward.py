@@ -16,7 +16,7 @@ from ..handlers import perform
 from .primitives import PRIMITIVES
 from .tape import (BACKWARD_OBSERVED, COMPLEX_REFUSAL, _Pool, _Recorder, _tags, _yes,
                    extra_clauses, is_complex)
-from .tensor import Tensor, _box, _lift, recordable
+from .tensor import Tensor, _box, _lift_operand, recordable
 
 __all__ = ["JVPTrace"]
 
@@ -61,7 +61,7 @@ def _mine(trace, x):
     """(inner value, tangent or None, whether x is a dual of ``trace``)."""
     if x.__class__ is Tensor:
         if x._trace is not trace and (x._trace is None or not x._trace._live):
-            x = _lift(x)
+            x = _lift_operand(x, trace)
         if x.__class__ is Tensor and x._trace is trace:
             return x._value, x._tangent, True
     return x, None, False

@@ -213,7 +213,12 @@ class BufferTracer:
         if not (same if same is not NotImplemented else _unchanged(array, entry.value)):
             raise TapeError(f"{what}: {describe(array)} was overwritten after the tape "
                             "recorded it; its recorded value would give a wrong gradient")
-        return entry.tensor
+        tensor = entry.tensor
+        if tensor.__class__ is ad.Tensor and not ad.is_traced(tensor):
+            # written by a nested tape that has ended (or went stale), from
+            # values no running trace follows: a constant here
+            return tensor.data
+        return tensor
 
     def record(self, out, tensor, kind: str = "produced") -> None:
         """Write ``tensor``'s value into ``out`` and remember that ``out`` holds ``tensor``."""

@@ -22,7 +22,7 @@ import numpy as _np
 from ..errors import KinaTypeError, ValidationError
 from ..handlers import Effect, Handler, perform
 from .primitives import COMPLEX_REFUSAL, PRIMITIVES, bump_generation, registry_generation
-from .tensor import Tensor, _box, _lift, _new, _raw, _shape, array_module, kernels, recordable
+from .tensor import Tensor, _box, _lift, _lift_operand, _new, _raw, _shape, array_module, kernels, recordable
 
 __all__ = ["Tape", "BACKWARD_OBSERVED", "observe_backward", "ops_for_backward",
            "COMPLEX_REFUSAL", "is_complex", "own", "register_clauses", "as_input",
@@ -285,7 +285,7 @@ def own(tape, x):
         if tr is tape:
             return x._id, x._value
         if tr is None or not tr._live:
-            x = _lift(x)
+            x = _lift_operand(x, tape)
             if x.__class__ is Tensor and x._trace is tape:
                 return x._id, x._value
     return -1, x
@@ -427,7 +427,7 @@ def _elementwise_factory(prim, rule):
                     tr = x._trace
                     if tr is not None and tr._live:
                         return perform(eff, x)     # an enclosing trace's box
-                    x = _lift(x)       # a plain Tensor or a finished trace's box
+                    x = _lift_operand(x, tape)     # a plain Tensor or a finished trace's box
                     if x.__class__ is not Tensor or x._trace is not tape:
                         return perform(eff, x)
                 v = x._value
@@ -456,7 +456,7 @@ def _unary_factory(prim, rule):
                 tape = rec.tape
                 tr = x._trace
                 if tr is not tape and (tr is None or not tr._live):
-                    x = _lift(x)
+                    x = _lift_operand(x, tape)
                     tr = x._trace if x.__class__ is Tensor else None
                 if tr is tape:
                     v = x._value

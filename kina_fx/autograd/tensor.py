@@ -228,6 +228,32 @@ def _operand(v, op: str = "a primitive"):
     return v
 
 
+def _lift_operand(v, by):
+    """:func:`_lift` of an operand of an op that the running trace ``by`` sees.
+
+    A box of a *finished* trace whose value is raw is refused: it escaped its
+    trace (kept in a variable, answered to an effect, or answered again to a
+    multi-shot continuation whose replay runs a new trace), and as a constant
+    here it would silently cut every gradient path it stood for.  Its
+    ``.data`` (or ``stop_gradient`` inside its trace) is the explicit constant.
+    Finished boxes around a running trace's box (nested transforms) lift to
+    that box, and plain Tensors to their arrays, as before."""
+    lifted = _lift(v)
+    if lifted.__class__ is not Tensor and v.__class__ is Tensor:
+        t = v
+        while t.__class__ is Tensor:
+            if t._trace is not None:
+                raise KinaTypeError(
+                    f"a value traced by {t._trace!r}, which has finished, is an operand of an "
+                    f"op {by!r} records: it escaped its trace (kept in a variable, answered to "
+                    "an effect, or answered again to a multi-shot continuation, whose replay "
+                    "runs a new trace), and as a constant here it would silently cut the "
+                    "gradient paths it stood for. Use its .data for an explicit constant "
+                    "(docs/autograd.md, \"Traced values outside their trace\")")
+            t = t._value
+    return lifted
+
+
 def is_traced(v: Any) -> bool:
     """Whether ``v`` is (or holds, one level in) a box of a running trace."""
     return v.__class__ is Tensor and _lift(v).__class__ is Tensor

@@ -539,20 +539,29 @@ def test_tapes_are_freed_without_the_cycle_collector():
         gc.enable()
 
 
-def test_a_box_of_a_finished_tape_is_a_constant_for_later_tapes():
+def test_a_box_of_a_finished_tape_is_refused_by_later_tapes_and_its_data_is_a_constant():
     # Tapes reuse pooled handlers: a leaked box must not pass for a box of the
-    # tape that now uses its old tape's handler.
+    # tape that now uses its old tape's handler.  Nor is it silently a
+    # constant (what a multi-shot continuation's replay would feed a new
+    # tape: test_grad_through_effects.py): it is refused, as JAX refuses a
+    # leaked tracer; its .data is the explicit constant.
     leaked = []
 
     def f(x):
         leaked.append(x)
         return x * x
     ad.grad(f)(2.0)
-    assert ad.grad(lambda y: y * leaked[0] + leaked[0] * leaked[0])(3.0) == 2.0
+    with pytest.raises(KinaTypeError, match="which has finished"):
+        ad.grad(lambda y: y * leaked[0] + leaked[0] * leaked[0])(3.0)
+    with pytest.raises(KinaTypeError, match="which has finished"):
+        ad.grad(lambda y: y + ad.sin(leaked[0]))(3.0)
+    c = leaked[0].data
+    assert ad.grad(lambda y: y * c + c * c)(3.0) == 2.0
     with ad.Tape() as t:
         y = t.watch(np.array(3.0))
-        z = y * leaked[0]
+        z = y * c
     assert float(t.gradient(z, y)) == 2.0
+    assert float(ad.sin(leaked[0])) == np.sin(2.0)        # outside any trace: a constant
 
 
 @pytest.mark.parametrize("x", [-0.9, 0.4, 1.7])
@@ -597,14 +606,17 @@ def test_grads_in_several_threads_at_once():
     assert not errors, errors
 
 
-def test_a_dual_of_a_finished_jvp_is_a_constant_for_later_jvps():
+def test_a_dual_of_a_finished_jvp_is_refused_by_later_jvps_and_its_data_is_a_constant():
     leaked = []
 
     def f(x):
         leaked.append(x)
         return x * x
     ad.jvp(f, (2.0,), (1.0,))
-    _, t = ad.jvp(lambda y: y * leaked[0] + leaked[0] * leaked[0], (3.0,), (1.0,))
+    with pytest.raises(KinaTypeError, match="which has finished"):
+        ad.jvp(lambda y: y * leaked[0] + leaked[0] * leaked[0], (3.0,), (1.0,))
+    c = leaked[0].data
+    _, t = ad.jvp(lambda y: y * c + c * c, (3.0,), (1.0,))
     assert float(t) == 2.0
 
 

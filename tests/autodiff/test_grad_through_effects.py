@@ -260,7 +260,8 @@ def reference_with_outer(steps, outer, asynchronous):
         def under(specs):
             if not specs:
                 return float(np.asarray(run.program(steps, x, world=False)))
-            return run.handle(specs[0], lambda _: under(specs[1:]), None, x)
+            # the outer clauses' x is X0: outside the trace it is a constant there too
+            return run.handle(specs[0], lambda _: under(specs[1:]), None, X0)
         if not asynchronous:
             return PASS_THROUGH.run(under, outer)
 
@@ -330,3 +331,25 @@ def test_an_escaped_box_of_a_finished_trace_is_a_constant():
 def test_forward_mode_outside_its_scope_is_refused_too():
     with pytest.raises(KinaTypeError, match="outside that trace's scope"):
         Handler(fun={E: lambda a: a * a}).run(lambda: ad.jvp(_inner, (0.7,), (1.0,)))
+
+
+def test_a_second_shot_outside_grad_answering_a_traced_value_is_refused():
+    """Was a silently wrong gradient: the second shot replays the traced call
+    with a new tape, and the answer (a box of the first shot's tape, finished
+    by then) was taken as a constant: 0.644 (= sin x) instead of 1.180."""
+    twice = MultiHandler(on={E: lambda k, a: [k.resume(a), k.resume(a)]})
+    with pytest.raises(KinaTypeError, match="which has finished"):
+        twice.run(lambda: ad.grad(_inner)(0.7))
+
+
+def test_shots_outside_grad_answering_constants_are_each_right():
+    x = 0.7
+    both = MultiHandler(on={E: lambda k, a: [k.resume(2.0), k.resume(np.float64(-1.5))]})
+    assert np.allclose(both.run(lambda: ad.grad(_inner)(x)), [2.0, -1.5])
+
+
+def test_shots_inside_grad_are_summed_right():
+    x = 0.7
+    f = ad.grad(lambda z: MultiHandler(on={E: lambda k, a: k.resume(a) + k.resume(a * a)}).run(_inner, z))
+    s, c = np.sin(x), np.cos(x)
+    assert np.isclose(f(x), (c * x + s) + (2 * s * c * x + s * s))
