@@ -205,3 +205,52 @@ def test_thread_count_follows_the_environment(monkeypatch):
     assert kernel_threads.thread_count() == len(os.sched_getaffinity(0))
     monkeypatch.delenv("KINA_FX_THREADS")
     assert kernel_threads.thread_count() == len(os.sched_getaffinity(0))
+
+
+# ---- sigmoid's formula path (large float arrays) -------------------------------------------
+
+@pytest.mark.parametrize("shape", [(300, 300), (700, 700)])   # one call; blocks on threads
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_large_sigmoid_is_the_formula_to_a_few_ulps_and_reports_nothing(shape, dtype):
+    assert np.prod(shape) >= gpu_ops.SIGMOID_FORMULA_MIN
+    x = (np.random.default_rng(7).standard_normal(shape) * 30).astype(dtype)
+    x.flat[:8] = [0.0, -0.0, 100.0, -100.0, np.inf, -np.inf, 1e30, -1e30]
+    x.flat[8] = np.nan
+    with np.errstate(over="ignore"):                         # exp(1e30) = inf: 1 / inf = 0
+        want = 1 / (1 + np.exp(-x.astype(np.float64)))
+    with np.errstate(all="raise"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = gpu_ops.sigmoid(x)
+        out = np.empty_like(x)
+        gpu_ops.sigmoid(x, out)
+        inplace = x.copy()
+        gpu_ops.sigmoid(inplace, inplace)
+    assert got.dtype == dtype
+    # Within 4 units in the last place, or (results below the smallest normal
+    # number: exp(-x) overflowed, 1 / inf = 0) within that smallest normal.
+    finite = ~np.isnan(want)
+    error = np.abs(got[finite] - want[finite])
+    ulp = np.spacing(want[finite].astype(dtype)).astype(np.float64)
+    assert np.all((error <= 4 * ulp) | (error <= np.finfo(dtype).tiny))
+    assert np.isnan(got.flat[8])
+    np.testing.assert_array_equal(out, got)
+    np.testing.assert_array_equal(inplace, got)
+
+
+@settings(**SETTINGS)
+@given(shape=shapes, seed=st.integers(0, 2**16))
+def test_sigmoid_formula_blocks_are_bitwise_the_one_call_result(blocked, monkeypatch, shape, seed):
+    monkeypatch.setattr(gpu_ops, "SIGMOID_FORMULA_MIN", 1)
+    x = arrays(shape, seed) * 10
+    expected = one_call(gpu_ops.sigmoid, x)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(expected, 1 / (1 + np.exp(-x)))   # the formula, in float32
+    np.testing.assert_array_equal(gpu_ops.sigmoid(x), expected)
+
+
+def test_float16_and_small_sigmoids_keep_the_one_call_kernel():
+    x = np.linspace(-12, 12, 1 << 17).astype(np.float16)    # exp(12) overflows float16
+    got = gpu_ops.sigmoid(x)
+    want = 1 / (1 + np.exp(-x.astype(np.float64)))
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=1e-7)
+    assert got[0] > 0                                      # the formula in float16 would give 0
