@@ -21,8 +21,8 @@ from . import samples
 from .primitives import (COMPLEX_REFUSAL, expand_back, extremum_weights, norm_axes, op,
                          reduction_prepare, unary_ufunc, unbroadcast, unwrapping,
                          weighted_reduction)
-from .tensor import (Tensor, _operand, _raw, _shape, array_module, as_sequence, is_traced, kernels,
-                     recordable)
+from .tensor import (Tensor, _operand, _raw, _shape, array_module, as_sequence, is_traced,
+                     kernels, recordable)
 
 __all__ = [
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "tanh", "sigmoid", "relu", "cast",

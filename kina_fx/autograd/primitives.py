@@ -38,8 +38,8 @@ from .. import gpu_ops
 from ..errors import ValidationError
 from ..handlers import Effect, perform
 from . import samples
-from .tensor import (Tensor, _as_array, _operand, _plain, _raw, _shape, array_module, as_sequence,
-                     kernels, recordable)
+from .tensor import (Tensor, _as_array, _operand, _plain, _raw, _shape, array_module,
+                     as_sequence, kernels, recordable)
 
 __all__ = ["op", "Primitive", "PRIMITIVES", "NUMPY_RULES", "COMPOSITES", "effect_of",
            "numpy_rule", "xp_kernel", "unwrapping", "registry_generation", "COMPLEX_REFUSAL",

@@ -22,7 +22,8 @@ import numpy as _np
 from ..errors import KinaTypeError, ValidationError
 from ..handlers import Effect, Handler, perform
 from .primitives import COMPLEX_REFUSAL, PRIMITIVES, bump_generation, registry_generation
-from .tensor import Tensor, _box, _lift, _lift_operand, _new, _raw, _shape, array_module, kernels, recordable
+from .tensor import (Tensor, _box, _lift, _lift_operand, _new, _raw, _shape, array_module, kernels,
+                     recordable)
 
 __all__ = ["Tape", "BACKWARD_OBSERVED", "observe_backward", "ops_for_backward",
            "COMPLEX_REFUSAL", "is_complex", "own", "register_clauses", "as_input",
