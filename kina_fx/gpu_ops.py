@@ -416,13 +416,18 @@ def repeat_interleave(x, reps: int, axis: int, out=None):
 ALL_AXES = -(1 << 31)
 
 
-def _elementwise(fn):
+def _elementwise(fn, name=None):
+    """The kernel ``kernel(x, out=None)`` of ``fn(xp, x, out)``: ``out``
+    checked, large NumPy arrays in row blocks.  ``name`` (default: ``fn``'s)
+    is the op's in messages."""
+    name = name or fn.__name__
+
     def kernel(x, out=None):
-        _check_out(out, x.shape, fn.__name__)
+        _check_out(out, x.shape, name)
         if x.__class__ is np.ndarray and x.size >= kernel_threads.PARALLEL_MIN_ELEMENTS:
             return _elementwise_blocks(fn, x, out)
         return fn(array_module(x), x, out)
-    kernel.__name__ = fn.__name__
+    kernel.__name__ = name
     kernel.__doc__ = fn.__doc__
     return kernel
 
@@ -518,14 +523,11 @@ def sigmoid(x, out=None):
     SciPy's (CuPy's) ``expit``, else ``0.5 * (1 + tanh(x / 2))``."""
     if (x.__class__ is np.ndarray and x.size >= SIGMOID_FORMULA_MIN
             and (x.dtype == np.float32 or x.dtype == np.float64)):
-        _check_out(out, x.shape, "sigmoid")
-        if x.size >= kernel_threads.PARALLEL_MIN_ELEMENTS:
-            return _elementwise_blocks(_sigmoid_formula, x, out)
-        return _sigmoid_formula(np, x, out)
+        return _sigmoid_formula(x, out)
     return _sigmoid_one_call(x, out)
 
 
-def _sigmoid_formula(xp, x, out):
+def _logistic_formula(xp, x, out):
     # exp(-x) overflows to inf below x = -88 (float32) and 1 / (1 + inf) = 0,
     # or 1 / (1 + e) underflows: the right results, nothing to report,
     # whatever the caller's error state.
@@ -536,8 +538,7 @@ def _sigmoid_formula(xp, x, out):
         return xp.divide(1, r, out=r)        # NumPy's reciprocal has no SIMD loop: 1.5x slower
 
 
-@_elementwise
-def _sigmoid_one_call(xp, x, out):
+def _logistic_expit(xp, x, out):
     """SciPy's (CuPy's) ``expit`` when installed, else ``0.5 * (1 + tanh(x / 2))``."""
     expit = _expit(xp)
     if expit is not None:
@@ -549,6 +550,10 @@ def _sigmoid_one_call(xp, x, out):
     xp.multiply(r, 0.5, out=r)
     xp.add(r, 0.5, out=r)
     return r
+
+
+_sigmoid_formula = _elementwise(_logistic_formula, "sigmoid")
+_sigmoid_one_call = _elementwise(_logistic_expit, "sigmoid")
 
 
 #: The NumPy inputs :func:`numpy_relu` compares with a zero array (elements):

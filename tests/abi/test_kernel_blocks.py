@@ -254,3 +254,10 @@ def test_float16_and_small_sigmoids_keep_the_one_call_kernel():
     want = 1 / (1 + np.exp(-x.astype(np.float64)))
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=1e-7)
     assert got[0] > 0                                      # the formula in float16 would give 0
+
+
+@pytest.mark.parametrize("n", [3, 1 << 17, 1 << 19])     # expit; the formula; the formula in blocks
+def test_sigmoid_names_itself_when_out_is_the_wrong_shape(n):
+    from kina_fx.errors import ValidationError
+    with pytest.raises(ValidationError, match=r"^sigmoid: out has shape"):
+        gpu_ops.sigmoid(np.zeros(n, np.float32), np.zeros(n + 1, np.float32))
