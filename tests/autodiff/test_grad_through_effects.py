@@ -208,13 +208,35 @@ class Run:
         return ad.sum(asyncio.run(aio.run(self.body, steps, x, x, handlers=handlers)))
 
 
+def value_and_central_differences(f):
+    """``f(X0)`` and the central-difference gradient of the untraced ``f`` there."""
+    grad = np.array([(f(X0 + H * e) - f(X0 - H * e)) / (2 * H) for e in np.eye(len(X0))])
+    return f(X0), grad
+
+
 def reference(steps, asynchronous=False):
     """Value and central-difference gradient of the untraced program at X0."""
-    def f(x):
-        return float(np.asarray(Run().program(steps, x, asynchronous)))
-    value = f(X0)
-    grad = np.array([(f(X0 + H * e) - f(X0 - H * e)) / (2 * H) for e in np.eye(len(X0))])
-    return value, grad
+    return value_and_central_differences(
+        lambda x: float(np.asarray(Run().program(steps, x, asynchronous))))
+
+
+def outside(run, outer, asynchronous, inner):
+    """``inner()`` under the handlers ``outer`` (outermost first) and, outside
+    them, one that passes every effect's argument through (and, ``asynchronous``,
+    under aio.run with an async clause for effect b).  The outer clauses' x is
+    X0: outside the trace it is a constant."""
+    def under(specs):
+        if not specs:
+            return inner()
+        return run.handle(specs[0], lambda _: under(specs[1:]), None, X0, outer=True)
+    if not asynchronous:
+        return PASS_THROUGH.run(under, outer)
+
+    async def resume_b(k, a):
+        run.note("aio", a, 0, outer=True)
+        return await k.resume(a * 0.75)
+    return asyncio.run(aio.run(under, outer, handlers=[
+        PASS_THROUGH, aio.handler(on={EFFECTS["b"]: resume_b})]))
 
 
 def assert_agrees(got, want):
@@ -270,24 +292,8 @@ def test_handlers_outside_the_trace_are_right_or_refused(steps, outer, asynchron
     def traced():
         return ad.value_and_grad(lambda x: run.program(steps, x, world=False))(X0)
 
-    def under(specs, thunk):
-        if not specs:
-            return thunk()
-        return run.handle(specs[0], lambda _: under(specs[1:], thunk), None, X0, outer=True)
-
-    def whole():
-        if not asynchronous:
-            return PASS_THROUGH.run(under, outer, traced)
-
-        async def resume_b(k, a):
-            if ad.is_traced(a):
-                run.refused.append("aio")
-            return await k.resume(a * 0.75)
-        return asyncio.run(aio.run(under, outer, traced, handlers=[
-            PASS_THROUGH, aio.handler(on={EFFECTS["b"]: resume_b})]))
-
     try:
-        got = whole()
+        got = outside(run, outer, asynchronous, traced)
     except KinaTypeError as exc:
         refused_as_predicted(exc, run)
         event("refused")
@@ -295,29 +301,10 @@ def test_handlers_outside_the_trace_are_right_or_refused(steps, outer, asynchron
     event("right")
     assert not run.refused, f"an outer clause computed on a traced value unrefused: {run.refused}"
     # The reference: the same handlers, nothing traced.
-    want = reference_with_outer(steps, outer, asynchronous)
-    assert_agrees(got, want)
-
-
-def reference_with_outer(steps, outer, asynchronous):
-    def f(x):
+    def untraced(x):
         run = Run()
-
-        def under(specs):
-            if not specs:
-                return float(np.asarray(run.program(steps, x, world=False)))
-            # the outer clauses' x is X0: outside the trace it is a constant there too
-            return run.handle(specs[0], lambda _: under(specs[1:]), None, X0)
-        if not asynchronous:
-            return PASS_THROUGH.run(under, outer)
-
-        async def resume_b(k, a):
-            return await k.resume(a * 0.75)
-        return asyncio.run(aio.run(under, outer, handlers=[
-            PASS_THROUGH, aio.handler(on={EFFECTS["b"]: resume_b})]))
-    value = f(X0)
-    grad = np.array([(f(X0 + H * e) - f(X0 - H * e)) / (2 * H) for e in np.eye(len(X0))])
-    return value, grad
+        return outside(run, outer, asynchronous, lambda: float(np.asarray(run.program(steps, x, world=False))))
+    assert_agrees(got, value_and_central_differences(untraced))
 
 
 # --- the seam that the generated tests found, by hand ----------------------------------------
