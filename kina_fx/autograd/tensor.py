@@ -238,20 +238,23 @@ def _lift_operand(v, by):
     ``.data`` (or ``stop_gradient`` inside its trace) is the explicit constant.
     Finished boxes around a running trace's box (nested transforms) lift to
     that box, and plain Tensors to their arrays, as before."""
-    lifted = _lift(v)
-    if lifted.__class__ is not Tensor and v.__class__ is Tensor:
-        t = v
-        while t.__class__ is Tensor:
-            if t._trace is not None:
-                raise KinaTypeError(
-                    f"a value traced by {t._trace!r}, which has finished, is an operand of an "
-                    f"op {by!r} records: it escaped its trace (kept in a variable, answered to "
-                    "an effect, or answered again to a multi-shot continuation, whose replay "
-                    "runs a new trace), and as a constant here it would silently cut the "
-                    "gradient paths it stood for. Use its .data for an explicit constant "
-                    "(docs/autograd.md, \"Traced values outside their trace\")")
-            t = t._value
-    return lifted
+    finished = None
+    while v.__class__ is Tensor:
+        tr = v._trace
+        if tr is not None:
+            if tr._live:
+                return v
+            finished = tr
+        v = v._value
+    if finished is not None:
+        raise KinaTypeError(
+            f"a value traced by {finished!r}, which has finished, is an operand of an "
+            f"op {by!r} records: it escaped its trace (kept in a variable, answered to "
+            "an effect, or answered again to a multi-shot continuation, whose replay "
+            "runs a new trace), and as a constant here it would silently cut the "
+            "gradient paths it stood for. Use its .data for an explicit constant "
+            "(docs/autograd.md, \"Traced values outside their trace\")")
+    return v
 
 
 def is_traced(v: Any) -> bool:
