@@ -416,23 +416,24 @@ def repeat_interleave(x, reps: int, axis: int, out=None):
 ALL_AXES = -(1 << 31)
 
 
-def _elementwise(fn, name=None):
+def _elementwise(fn, name=None, one_pass=True):
     """The kernel ``kernel(x, out=None)`` of ``fn(xp, x, out)``: ``out``
     checked, large NumPy arrays in row blocks.  ``name`` (default: ``fn``'s)
-    is the op's in messages."""
+    is the op's in messages; ``one_pass=False`` for an ``fn`` that passes over
+    its block several times (cache-sized blocks, not one per thread)."""
     name = name or fn.__name__
 
     def kernel(x, out=None):
         _check_out(out, x.shape, name)
         if x.__class__ is np.ndarray and x.size >= kernel_threads.PARALLEL_MIN_ELEMENTS:
-            return _elementwise_blocks(fn, x, out)
+            return _elementwise_blocks(fn, x, out, one_pass)
         return fn(array_module(x), x, out)
     kernel.__name__ = name
     kernel.__doc__ = fn.__doc__
     return kernel
 
 
-def _elementwise_blocks(fn, x, out):
+def _elementwise_blocks(fn, x, out, one_pass):
     """``fn`` on a large NumPy array, in row blocks spread over the cores
     (:mod:`kina_fx.kernel_threads`); one call when the output's type or an
     overlap with the input would make blocks differ from it."""
@@ -447,7 +448,7 @@ def _elementwise_blocks(fn, x, out):
     def block(index):
         fn(np, x[index], out[index])
 
-    kernel_threads.run_blocks(np, x.shape, x.size, x.dtype.itemsize, 0, block)
+    kernel_threads.run_blocks(np, x.shape, x.size, x.dtype.itemsize, 0, block, one_pass=one_pass)
     return out
 
 
@@ -552,7 +553,7 @@ def _logistic_expit(xp, x, out):
     return r
 
 
-_sigmoid_formula = _elementwise(_logistic_formula, "sigmoid")
+_sigmoid_formula = _elementwise(_logistic_formula, "sigmoid", one_pass=False)
 _sigmoid_one_call = _elementwise(_logistic_expit, "sigmoid")
 
 
@@ -663,7 +664,7 @@ def _binary_blocks(fn, a, b, out):
     def block(index):
         fn(np, part(a, index), part(b, index), out[index])
 
-    kernel_threads.run_blocks(np, shape, out.size, dtype.itemsize, 0, block)
+    kernel_threads.run_blocks(np, shape, out.size, dtype.itemsize, 0, block, one_pass=True)
     return out
 
 

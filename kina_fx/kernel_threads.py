@@ -6,7 +6,9 @@ threads each working through their own rows of an array run in parallel.
 about :data:`BLOCK_BYTES` (so that a kernel's several passes over a block --
 max, subtract, exp, sum, divide -- hit the core's cache instead of memory),
 gives each worker thread a contiguous run of blocks and runs the first run on
-the calling thread.
+the calling thread.  A kernel that makes one pass (``one_pass=True``: the
+elementwise and binary ops) gains nothing from the cache and pays for every
+block's Python call, so it gets one block per thread.
 
 * Threads: ``KINA_FX_THREADS`` (an integer >= 1) or else every CPU the process
   may run on (``os.sched_getaffinity``).  One thread means no pool at all.
@@ -30,8 +32,30 @@ import numpy as np
 
 __all__ = ["BLOCK_BYTES", "PARALLEL_MIN_ELEMENTS", "thread_count", "run_blocks", "block_ranges"]
 
+def _cache_block_bytes(default: int = 128 * 1024) -> int:
+    """Half the per-core L2 cache Linux reports for CPU 0, within [64 KB, 1 MB]
+    (a block of the input and one of the output fit together); ``default``
+    where it reports none.  Blocks cost a Python call each: on a 1 MB L2 a
+    softmax of 4096x4096 float32 took 19.7 ms in 128 KB blocks and 15.1 ms in
+    512 KB ones (docs/benchmarks.md, target 3)."""
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for name in sorted(os.listdir(root)):
+            with open(f"{root}/{name}/level") as level, open(f"{root}/{name}/type") as kind:
+                if level.read().strip() != "2" or kind.read().strip() == "Instruction":
+                    continue
+            with open(f"{root}/{name}/size") as size:
+                text = size.read().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+            l2 = int(text.rstrip("KM")) * scale
+            return min(1 << 20, max(64 << 10, l2 // 2))
+    except (OSError, ValueError):
+        pass
+    return default
+
+
 #: Bytes of one operand a block spans: a kernel's passes over a block stay in L2.
-BLOCK_BYTES = 128 * 1024
+BLOCK_BYTES = _cache_block_bytes()
 #: Arrays with fewer elements run as one block on the calling thread.
 PARALLEL_MIN_ELEMENTS = 1 << 18
 
@@ -102,9 +126,10 @@ def block_ranges(extent: int, per_block: int) -> list:
 _WHOLE = tuple((slice(None),) * n for n in range(65))
 
 
-def run_blocks(xp, shape, size: int, itemsize: int, split, body) -> None:
+def run_blocks(xp, shape, size: int, itemsize: int, split, body, one_pass: bool = False) -> None:
     """Call ``body(index)`` for blocks covering an array of ``shape`` (``size``
-    elements), cut along axis ``split`` (None: one block).
+    elements), cut along axis ``split`` (None: one block); ``one_pass``: one
+    block per thread (``body`` reads each element once: caching gains nothing).
 
     ``index`` is a tuple of slices selecting one block (every axis whole but
     ``split``).  The blocks are disjoint, so ``body`` may write its block of an
@@ -118,7 +143,10 @@ def run_blocks(xp, shape, size: int, itemsize: int, split, body) -> None:
     whole = _WHOLE[len(shape)]
     extent = shape[split]
     per_index = size // extent if extent else 0
-    rows = max(1, BLOCK_BYTES // max(1, per_index * itemsize))
+    if one_pass:
+        rows = -(-extent // thread_count())
+    else:
+        rows = max(1, BLOCK_BYTES // max(1, per_index * itemsize))
     blocks = block_ranges(extent, rows)
     threads = min(thread_count(), len(blocks))
     pool = _workers(threads)

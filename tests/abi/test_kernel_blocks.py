@@ -179,6 +179,24 @@ def test_blocks_cover_the_index_space_once(blocked):
     assert (marks == 1).all()
 
 
+def test_a_one_pass_kernel_gets_one_block_per_thread(blocked):
+    marks = np.zeros((37, 5), np.int64)
+    seen = []
+
+    def body(index):
+        seen.append(index[0])
+        marks[index] += 1
+
+    kernel_threads.run_blocks(np, marks.shape, marks.size, 8, 0, body, one_pass=True)
+    assert (marks == 1).all()
+    assert sorted((s.start, s.stop) for s in seen) == [(0, 13), (13, 26), (26, 37)]   # 3 threads
+
+
+def test_the_cache_block_is_half_an_l2_within_bounds():
+    assert 64 << 10 <= kernel_threads.BLOCK_BYTES <= 1 << 20
+    assert kernel_threads._cache_block_bytes() == kernel_threads.BLOCK_BYTES
+
+
 def _softmax_in_child(queue):
     x = arrays((64, 9), 5)
     queue.put(np.asarray(gpu_ops.softmax(x, 1)).tolist())
