@@ -522,10 +522,20 @@ def sigmoid(x, out=None):
     that formula, to a few units in the last place; results below the smallest
     normal number (``x`` < -87 in float32) come out as 0.  Others:
     SciPy's (CuPy's) ``expit``, else ``0.5 * (1 + tanh(x / 2))``."""
-    if (x.__class__ is np.ndarray and x.size >= SIGMOID_FORMULA_MIN
-            and (x.dtype == np.float32 or x.dtype == np.float64)):
-        return _sigmoid_formula(x, out)
+    if x.__class__ is np.ndarray:
+        if x.size >= SIGMOID_FORMULA_MIN and (x.dtype == np.float32 or x.dtype == np.float64):
+            return _sigmoid_formula(x, out)
+        if out is None and x.size < kernel_threads.PARALLEL_MIN_ELEMENTS:
+            # autograd's small operands: expit itself, three frames fewer
+            expit = _expit_cache.get(np, _UNRESOLVED)
+            if expit is _UNRESOLVED:
+                expit = _expit(np)
+            if expit is not None:
+                return expit(x)
     return _sigmoid_one_call(x, out)
+
+
+_UNRESOLVED = object()
 
 
 def _logistic_formula(xp, x, out):

@@ -309,11 +309,13 @@ def _reverse_of(d, k, nin):
         def vjp_a(o, g, out, a, b):
             ct = d(o, g, out, a, b)
             return ct if ct.shape == a.shape else unbroadcast(o, ct, a.shape)
+        vjp_a.without_unbroadcast = d     # for a recorder that knows nothing was broadcast
         return vjp_a
     if nin == 2:
         def vjp_b(o, g, out, a, b):
             ct = d(o, g, out, a, b)
             return ct if ct.shape == b.shape else unbroadcast(o, ct, b.shape)
+        vjp_b.without_unbroadcast = d
         return vjp_b
 
     def vjp(o, g, out, *args):

@@ -475,6 +475,11 @@ def _binary_factory(prim):
     eff = prim.effect
     rule = prim.vjp
     rule_a, rule_b = prim.vjp_rules
+    # The other operand a Python float or int: the traced one has the
+    # result's shape, nothing was broadcast, and the node takes the
+    # elementwise rule itself, one frame fewer in backward (y * 1.5).
+    scalar_a = getattr(rule_a, "without_unbroadcast", rule_a)
+    scalar_b = getattr(rule_b, "without_unbroadcast", rule_b)
 
     def make(rec):
         def clause(a, b):
@@ -489,13 +494,21 @@ def _binary_factory(prim):
             if ib < 0:
                 if ia < 0:
                     return out
-                if b.__class__ is not float and is_complex(b):
-                    _refuse_complex(prim)
-                tape._nodes.append((rule_a, i, ia, a, b, out, prim))
+                c = b.__class__
+                if c is float or c is int:
+                    tape._nodes.append((scalar_a, i, ia, a, b, out, prim))
+                else:
+                    if is_complex(b):
+                        _refuse_complex(prim)
+                    tape._nodes.append((rule_a, i, ia, a, b, out, prim))
             elif ia < 0:
-                if a.__class__ is not float and is_complex(a):
-                    _refuse_complex(prim)
-                tape._nodes.append((rule_b, i, ib, a, b, out, prim))
+                c = a.__class__
+                if c is float or c is int:
+                    tape._nodes.append((scalar_b, i, ib, a, b, out, prim))
+                else:
+                    if is_complex(a):
+                        _refuse_complex(prim)
+                    tape._nodes.append((rule_b, i, ib, a, b, out, prim))
             else:
                 tape._nodes.append((rule, i, (ia, ib), (a, b), (), out, prim))
             tape._n = i + 1
