@@ -192,3 +192,53 @@ def test_a_memoised_check_gives_the_checks_verdict(name):
             with pytest.raises(ValidationError, match="out has shape"):
                 op.check_output(np.zeros(tuple(n + 1 for n in shape) or (1,), np.float32),
                                 *args, *params)
+
+
+# --- a binary op with a Python number: the node takes the elementwise rule itself ---
+
+SCALAR_OPS = {
+    "+": (lambda x, c: x + c, lambda x, c: c + x),
+    "-": (lambda x, c: x - c, lambda x, c: c - x),
+    "*": (lambda x, c: x * c, lambda x, c: c * x),
+    "/": (lambda x, c: x / c, lambda x, c: c / x),
+    "**": (lambda x, c: x ** c, lambda x, c: c ** x),
+}
+
+
+def central_difference(f, x, h=1e-6):
+    g = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        e = np.zeros_like(x)
+        e[i] = h
+        g[i] = (f(x + e) - f(x - e)) / (2 * h)
+    return g
+
+
+@settings(**SETTINGS)
+@given(op=st.sampled_from(sorted(SCALAR_OPS)), side=st.integers(0, 1),
+       shape=st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple),
+       c=st.sampled_from([2, 3, 1.5, 0.5, -2.0]), seed=st.integers(0, 2**16))
+def test_a_python_number_partner_gives_the_gradient_and_the_second_derivative(op, side, shape, c, seed):
+    """``x * 1.5``, ``2 - x``, ...: the node records the elementwise rule
+    without its unbroadcast wrapper (nothing is broadcast against a Python
+    number); first and second derivatives against central differences, and
+    against the same op with the number as a broadcast (1,)-shaped array,
+    which takes the wrapper."""
+    from kina_fx import autograd as ad
+
+    fn = SCALAR_OPS[op][side]
+    x = np.random.default_rng(seed).uniform(0.5, 2.0, shape)
+
+    def f(v):
+        return ad.sum(ad.sin(fn(v, c)))
+
+    def f_array(v):
+        return ad.sum(ad.sin(fn(v, np.full((1,) * max(1, len(shape)), float(c)))))
+
+    grad = np.asarray(ad.grad(f)(x))
+    assert grad.shape == x.shape
+    np.testing.assert_allclose(grad, central_difference(lambda v: float(f(v)), x), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(grad, np.asarray(ad.grad(f_array)(x)).reshape(shape), rtol=1e-12, atol=1e-12)
+    second = np.asarray(ad.grad(lambda v: ad.sum(ad.grad(f)(v)))(x))
+    np.testing.assert_allclose(second, central_difference(lambda v: float(ad.sum(ad.grad(f)(v))), x),
+                               rtol=1e-4, atol=1e-6)
