@@ -32,6 +32,7 @@ import numpy as np
 
 __all__ = ["BLOCK_BYTES", "PARALLEL_MIN_ELEMENTS", "thread_count", "run_blocks", "block_ranges"]
 
+
 def _cache_block_bytes(default: int = 128 * 1024) -> int:
     """Half the per-core L2 cache Linux reports for CPU 0, within [64 KB, 1 MB]
     (a block of the input and one of the output fit together); ``default``
@@ -143,12 +144,13 @@ def run_blocks(xp, shape, size: int, itemsize: int, split, body, one_pass: bool 
     whole = _WHOLE[len(shape)]
     extent = shape[split]
     per_index = size // extent if extent else 0
+    threads = thread_count()
     if one_pass:
-        rows = -(-extent // thread_count())
+        rows = -(-extent // threads)
     else:
         rows = max(1, BLOCK_BYTES // max(1, per_index * itemsize))
     blocks = block_ranges(extent, rows)
-    threads = min(thread_count(), len(blocks))
+    threads = min(threads, len(blocks))
     pool = _workers(threads)
     head = whole[:split]
     tail = whole[split + 1:]
