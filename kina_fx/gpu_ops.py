@@ -524,7 +524,11 @@ def sigmoid(x, out=None):
     SciPy's (CuPy's) ``expit``, else ``0.5 * (1 + tanh(x / 2))``."""
     if x.__class__ is np.ndarray:
         if x.size >= SIGMOID_FORMULA_MIN and (x.dtype == np.float32 or x.dtype == np.float64):
-            return _sigmoid_formula(x, out)
+            # exp(-x) overflows to inf below x = -88 (float32) and 1 / (1 + inf) = 0,
+            # or 1 / (1 + e) underflows: the right results, nothing to report,
+            # whatever the caller's error state (the blocks' threads take this one)
+            with np.errstate(over="ignore", under="ignore"):
+                return _sigmoid_formula(x, out)
         if out is None and x.size < kernel_threads.PARALLEL_MIN_ELEMENTS:
             # autograd's small operands: expit itself, three frames fewer
             expit = _expit_cache.get(np, _UNRESOLVED)
@@ -539,14 +543,11 @@ _UNRESOLVED = object()
 
 
 def _logistic_formula(xp, x, out):
-    # exp(-x) overflows to inf below x = -88 (float32) and 1 / (1 + inf) = 0,
-    # or 1 / (1 + e) underflows: the right results, nothing to report,
-    # whatever the caller's error state.
-    with np.errstate(over="ignore", under="ignore"):
-        r = xp.negative(x, out=out)
-        xp.exp(r, out=r)
-        xp.add(r, 1, out=r)
-        return xp.divide(1, r, out=r)        # NumPy's reciprocal has no SIMD loop: 1.5x slower
+    # under sigmoid()'s error state: its overflow and underflow are quiet
+    r = xp.negative(x, out=out)
+    xp.exp(r, out=r)
+    xp.add(r, 1, out=r)
+    return xp.divide(1, r, out=r)        # NumPy's reciprocal has no SIMD loop: 1.5x slower
 
 
 def _logistic_expit(xp, x, out):
