@@ -491,24 +491,20 @@ def _binary_factory(prim):
                 ib, b = (b._id, b._value) if b._trace is tape else own(tape, b)
             out = perform(eff, a, b)
             i = tape._n
-            if ib < 0:
-                if ia < 0:
+            if ia < 0 or ib < 0:
+                if ia < 0 and ib < 0:
                     return out
-                c = b.__class__
-                if c is float or c is int:
-                    tape._nodes.append((scalar_a, i, ia, a, b, out, prim))
+                # one traced operand (id j) and a constant
+                if ib < 0:
+                    j, constant, one_rule, scalar_rule = ia, b, rule_a, scalar_a
                 else:
-                    if is_complex(b):
-                        _refuse_complex(prim)
-                    tape._nodes.append((rule_a, i, ia, a, b, out, prim))
-            elif ia < 0:
-                c = a.__class__
+                    j, constant, one_rule, scalar_rule = ib, a, rule_b, scalar_b
+                c = constant.__class__
                 if c is float or c is int:
-                    tape._nodes.append((scalar_b, i, ib, a, b, out, prim))
-                else:
-                    if is_complex(a):
-                        _refuse_complex(prim)
-                    tape._nodes.append((rule_b, i, ib, a, b, out, prim))
+                    one_rule = scalar_rule
+                elif is_complex(constant):
+                    _refuse_complex(prim)
+                tape._nodes.append((one_rule, i, j, a, b, out, prim))
             else:
                 tape._nodes.append((rule, i, (ia, ib), (a, b), (), out, prim))
             tape._n = i + 1
