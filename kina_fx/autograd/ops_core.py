@@ -185,7 +185,9 @@ def log(o, v, out, x):
 @unary_ufunc(methods=("tanh",))
 def tanh(o, v, out, x):
     """Elementwise hyperbolic tangent."""
-    return o.mul(v, o.sub(1.0, o.mul(out, out)))
+    # v * (1 - out**2) without the Python 1.0: a NumPy call with a Python
+    # scalar operand costs twice one with two arrays (docs/benchmarks.md)
+    return o.sub(v, o.mul(o.mul(v, out), out))
 
 
 @op(elementwise=True, sample=samples.elementwise(),
