@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from . import kernel_threads
+from . import fibers, kernel_threads
 from .errors import GpuError, ResourceError, ValidationError
 
 _cupy = None
@@ -519,8 +519,9 @@ def sigmoid(x, out=None):
     """The logistic function ``1 / (1 + exp(-x))``; no overflow for large ``|x|``.
 
     Large float32/float64 NumPy arrays (:data:`SIGMOID_FORMULA_MIN`) compute
-    that formula, to a few units in the last place; results below the smallest
-    normal number (``x`` < -87 in float32) come out as 0.  Others:
+    that formula, to a few units in the last place (float32 in one pass, the
+    accelerator's own loop, where it is built); results below the smallest
+    normal number (``x`` < -87.3 in float32) are 0 or subnormal.  Others:
     SciPy's (CuPy's) ``expit``, else ``0.5 * (1 + tanh(x / 2))``."""
     if x.__class__ is np.ndarray:
         if x.size >= SIGMOID_FORMULA_MIN and (x.dtype == np.float32 or x.dtype == np.float64):
@@ -528,6 +529,8 @@ def sigmoid(x, out=None):
             # or 1 / (1 + e) underflows: the right results, nothing to report,
             # whatever the caller's error state (the blocks' threads take this one)
             with np.errstate(over="ignore", under="ignore"):
+                if x.dtype == np.float32 and _fused_logistic_f32 is not None:
+                    return _sigmoid_fused(x, out)
                 return _sigmoid_formula(x, out)
         if out is None and x.size < kernel_threads.PARALLEL_MIN_ELEMENTS:
             # autograd's small operands: expit itself, three frames fewer
@@ -550,6 +553,19 @@ def _logistic_formula(xp, x, out):
     return xp.divide(1, r, out=r)        # NumPy's reciprocal has no SIMD loop: 1.5x slower
 
 
+#: The formula in one pass over C-contiguous float32 buffers (the
+#: accelerator's loop, kina_fx/_speedups_c/kernels.c; NotImplemented for
+#: others), or None: _logistic_formula is the reference.
+_fused_logistic_f32 = getattr(fibers.speedups, "logistic_f32", None)
+
+
+def _logistic_fused(xp, x, out):
+    r = np.empty(x.shape, np.float32) if out is None else out
+    if _fused_logistic_f32(x, r) is True:
+        return r
+    return _logistic_formula(xp, x, out)
+
+
 def _logistic_expit(xp, x, out):
     """SciPy's (CuPy's) ``expit`` when installed, else ``0.5 * (1 + tanh(x / 2))``."""
     expit = _expit(xp)
@@ -565,6 +581,7 @@ def _logistic_expit(xp, x, out):
 
 
 _sigmoid_formula = _elementwise(_logistic_formula, "sigmoid", one_pass=False)
+_sigmoid_fused = _elementwise(_logistic_fused, "sigmoid")
 _sigmoid_one_call = _elementwise(_logistic_expit, "sigmoid")
 
 

@@ -371,7 +371,8 @@ PyInit__speedups(void)
     if (kfx_add_data_types(m) < 0 || PyModule_AddFunctions(m, kfx_perform_methods) < 0
             || PyModule_AddFunctions(m, kfx_tail_methods) < 0
             || PyModule_AddFunctions(m, kfx_round_trip_methods) < 0
-            || PyModule_AddFunctions(m, kfx_buffers_methods) < 0 || kfx_add_tape_calls(m) < 0
+            || PyModule_AddFunctions(m, kfx_buffers_methods) < 0
+            || PyModule_AddFunctions(m, kfx_kernels_methods) < 0 || kfx_add_tape_calls(m) < 0
             || kfx_add_c_fibers(m) < 0 || kfx_init_round_trip() < 0) {
         Py_DECREF(m);
         return NULL;

@@ -525,6 +525,10 @@ int kfx_check_op_rows(PyObject *rows);
 
 extern PyMethodDef kfx_buffers_methods[];
 
+/* ---- kernels.c ---------------------------------------------------------- */
+
+extern PyMethodDef kfx_kernels_methods[];
+
 #pragma GCC visibility pop
 
 #endif /* KINA_SPEEDUPS_H */

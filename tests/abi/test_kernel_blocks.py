@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from kina_fx import gpu_ops, kernel_threads
+from kina_fx import fibers, gpu_ops, kernel_threads
 
 # The fixture only sets thresholds, the same for every example.
 SETTINGS = dict(deadline=None, max_examples=25, derandomize=True,
@@ -262,8 +262,87 @@ def test_sigmoid_formula_blocks_are_bitwise_the_one_call_result(blocked, monkeyp
     x = arrays(shape, seed) * 10
     expected = one_call(gpu_ops.sigmoid, x)
     with np.errstate(over="ignore"):
-        np.testing.assert_array_equal(expected, 1 / (1 + np.exp(-x)))   # the formula, in float32
+        formula = 1 / (1 + np.exp(-x))                      # the formula, in float32
+    if gpu_ops._fused_logistic_f32 is None:
+        np.testing.assert_array_equal(expected, formula)
+    else:                                                   # the accelerator's one-pass loop
+        assert_within_ulps(expected, formula, 4)
     np.testing.assert_array_equal(gpu_ops.sigmoid(x), expected)
+
+
+def assert_within_ulps(got, want, ulps):
+    """Each element within ``ulps`` units in the last place of ``want`` (float32),
+    or both below the smallest normal number; NaN where ``want`` is NaN."""
+    got, want = np.asarray(got), np.asarray(want)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    tiny = np.finfo(np.float32).tiny
+    g, w = got[~nan].astype(np.float64), want[~nan].astype(np.float64)
+    spacing = np.spacing(np.abs(want[~nan]).astype(np.float32)).astype(np.float64)
+    ok = (np.abs(g - w) <= ulps * spacing) | ((np.abs(g) < tiny) & (np.abs(w) < tiny))
+    assert ok.all(), list(zip(g[~ok][:5], w[~ok][:5]))
+
+
+def fused_logistic(x, out=None):
+    out = np.empty_like(x) if out is None else out
+    assert fibers.speedups.logistic_f32(x, out) is True
+    return out
+
+
+@pytest.mark.only_impl("compiled")          # the accelerator's own loop
+def test_the_one_pass_float32_logistic_against_float64_and_the_formula():
+    rng = np.random.default_rng(3)
+    sweep = np.arange(-110.0, 110.0, 1 / 512).astype(np.float32)             # every 1/512
+    patterns = rng.integers(0, 1 << 32, 1 << 16, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 87.33654, -87.33654, 87.3365,
+                        -87.3365, 88.72, -88.72, 1e-45, -1e-45, 1.1754944e-38, 3e38, -3e38,
+                        16.635532, 17.0, -17.0], np.float32)
+    for x in (sweep, patterns, special):
+        got = fused_logistic(x)
+        with np.errstate(over="ignore", invalid="ignore"):
+            exact = 1 / (1 + np.exp(-x.astype(np.float64)))
+            formula = 1 / (1 + np.exp(-x))
+        assert_within_ulps(got, exact.astype(np.float32), 3)
+        assert_within_ulps(got, formula, 4)
+        below = exact < np.finfo(np.float32).tiny
+        assert (got[below] == 0).all()                     # 0 below the smallest normal, as documented
+        assert ((got >= 0) & (got <= 1) | np.isnan(got)).all()
+    np.testing.assert_array_equal(fused_logistic(special)[:4], [0.5, 0.5, 1.0, 0.0])
+
+
+@pytest.mark.only_impl("compiled")          # the accelerator's own loop
+def test_the_one_pass_logistic_takes_only_buffers_it_can_and_writes_nothing_otherwise():
+    logistic = fibers.speedups.logistic_f32
+    x = np.linspace(-5, 5, 64, dtype=np.float32)
+    want = fused_logistic(x)
+    inplace = x.copy()
+    assert logistic(inplace, inplace) is True               # the same memory: in place
+    np.testing.assert_array_equal(inplace, want)
+    declined = [
+        (x.astype(np.float64), np.empty(64)),               # float64
+        (x, np.empty(64, np.float64)),
+        (x[::2], np.empty(32, np.float32)),                 # strided
+        (x, np.empty(63, np.float32)),                      # another length
+        (x, np.empty(64, np.float32)[::-1]),                # not C-contiguous
+        (x.astype(">f4"), np.empty(64, np.float32)),        # not native
+    ]
+    frozen = np.empty(64, np.float32)
+    frozen.flags.writeable = False
+    declined.append((x, frozen))
+    shared = np.zeros(96, np.float32)
+    shared[:64] = x
+    declined.append((shared[:64], shared[32:]))              # partly the same memory
+    for src, dst in declined:
+        before = np.array(dst, copy=True)
+        assert logistic(src, dst) is NotImplemented
+        np.testing.assert_array_equal(dst, before)
+    assert logistic(b"1234", bytearray(4)) is NotImplemented
+    with pytest.raises(TypeError):
+        logistic(x)
+    # gpu_ops.sigmoid falls back to the formula for what the loop declines
+    big = np.linspace(-30, 30, 1 << 18, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        assert_within_ulps(gpu_ops.sigmoid(big[::2]), 1 / (1 + np.exp(-big[::2])), 0)
 
 
 def test_float16_and_small_sigmoids_keep_the_one_call_kernel():
