@@ -311,6 +311,33 @@ def test_the_one_pass_float32_logistic_against_float64_and_the_formula():
 
 
 @pytest.mark.only_impl("compiled")          # the accelerator's own loop
+@pytest.mark.skipif(not os.environ.get("KINA_FX_SOAK"), reason="every float32 input: KINA_FX_SOAK=1 (~3 min)")
+def test_the_one_pass_logistic_over_every_float32_input():
+    """All 2^32 inputs against the float64 result: at most 2.5 units in the
+    last place, NaN exactly for NaN, 0 below the smallest normal number,
+    nothing outside [0, 1] (docs/abi.md, "Runtime ops: the table")."""
+    tiny = np.finfo(np.float32).tiny
+    chunk = 1 << 25
+    out = np.empty(chunk, np.float32)
+    worst = 0.0
+    for start in range(0, 1 << 32, chunk):
+        x = np.arange(start, start + chunk, dtype=np.uint64).astype(np.uint32).view(np.float32)
+        assert fibers.speedups.logistic_f32(x, out) is True
+        with np.errstate(all="ignore"):
+            exact = 1 / (1 + np.exp(-x.astype(np.float64)))
+        nan = np.isnan(x)
+        assert np.array_equal(np.isnan(out), nan)
+        got, exact = out[~nan].astype(np.float64), exact[~nan]
+        assert ((got >= 0) & (got <= 1)).all()
+        below = exact < tiny
+        assert (got[below] == 0).all()
+        spacing = np.spacing(exact[~below].astype(np.float32)).astype(np.float64)
+        errors = np.abs(got[~below] - exact[~below]) / spacing
+        worst = max(worst, float(errors.max(initial=0.0)))
+    assert worst <= 2.5, worst
+
+
+@pytest.mark.only_impl("compiled")          # the accelerator's own loop
 def test_the_one_pass_logistic_takes_only_buffers_it_can_and_writes_nothing_otherwise():
     logistic = fibers.speedups.logistic_f32
     x = np.linspace(-5, 5, 64, dtype=np.float32)
