@@ -104,8 +104,8 @@ logistic_into(PyObject *x_obj, PyObject *out_obj)
         Py_RETURN_NOTIMPLEMENTED;
     }
     /* the same length, and either the same memory (in place) or none shared */
-    const char *xb = x.buf, *ob = out.buf;
-    int apart = xb == ob || xb + x.len <= ob || ob + out.len <= xb;
+    uintptr_t xb = (uintptr_t)x.buf, ob = (uintptr_t)out.buf;
+    int apart = xb == ob || xb + (uintptr_t)x.len <= ob || ob + (uintptr_t)out.len <= xb;
     int ok = x.len == out.len && apart;
     if (ok) {
         Py_ssize_t n = x.len / 4;
