@@ -853,34 +853,26 @@ def cross_entropy(logits, labels, out=None):
     classes, n = logits.shape[-1], labels.size
     flat = logits.reshape(-1, classes)
     picks = labels.reshape(-1)
-    if xp is not np or flat.size < kernel_threads.PARALLEL_MIN_ELEMENTS:
-        total = _rows_loss_sum(xp, flat, picks)     # one block, as run_blocks would make it
-    else:
-        partial = {}    # first row of a block -> its sum: added in row order, deterministic
 
-        def block(index):
-            rows = index[0]
-            partial[rows.start or 0] = _rows_loss_sum(xp, flat[rows], picks[rows])
+    def block(index):          # the block's sum of logsumexp(row) - row[pick], in float64
+        rows = index[0]
+        xb = flat[rows]
+        m, _, lse = _max_and_exp_sum(xp, xb, 1)
+        xp.log(lse, out=lse)
+        lse += m
+        picked = xb[xp.arange(xb.shape[0]), picks[rows]]
+        return (lse[:, 0] - picked).sum(dtype=np.float64)
 
-        kernel_threads.run_blocks(xp, flat.shape, flat.size, flat.dtype.itemsize, 0, block)
-        sums = [partial[k] for k in sorted(partial)]
-        total = sums[0]
-        for p in sums[1:]:
-            total = total + p
+    # the blocks' sums added in row order: the same total whatever the threads
+    sums = kernel_threads.run_blocks(xp, flat.shape, flat.size, flat.dtype.itemsize, 0, block)
+    total = sums[0]
+    for p in sums[1:]:
+        total = total + p
     r = (total / n).astype(logits.dtype)
     if out is None:
         return r
     out[...] = r
     return out
-
-
-def _rows_loss_sum(xp, rows, picks):
-    """``sum(logsumexp(row) - row[pick])`` over ``rows`` (2-D), in float64."""
-    m, _, lse = _max_and_exp_sum(xp, rows, 1)
-    xp.log(lse, out=lse)
-    lse += m
-    picked = rows[xp.arange(rows.shape[0]), picks]
-    return (lse[:, 0] - picked).sum(dtype=np.float64)
 
 
 def cross_entropy_grad(logits, labels, scale):

@@ -127,10 +127,11 @@ def block_ranges(extent: int, per_block: int) -> list:
 _WHOLE = tuple((slice(None),) * n for n in range(65))
 
 
-def run_blocks(xp, shape, size: int, itemsize: int, split, body, one_pass: bool = False) -> None:
+def run_blocks(xp, shape, size: int, itemsize: int, split, body, one_pass: bool = False) -> list:
     """Call ``body(index)`` for blocks covering an array of ``shape`` (``size``
     elements), cut along axis ``split`` (None: one block); ``one_pass``: one
     block per thread (``body`` reads each element once: caching gains nothing).
+    Returns what the calls returned, in block order.
 
     ``index`` is a tuple of slices selecting one block (every axis whole but
     ``split``).  The blocks are disjoint, so ``body`` may write its block of an
@@ -139,8 +140,7 @@ def run_blocks(xp, shape, size: int, itemsize: int, split, body, one_pass: bool 
     any thread (no effects, no handler stack).
     """
     if size < PARALLEL_MIN_ELEMENTS or xp is not np or split is None:
-        body(_WHOLE[len(shape)])
-        return
+        return [body(_WHOLE[len(shape)])]
     whole = _WHOLE[len(shape)]
     extent = shape[split]
     per_index = size // extent if extent else 0
@@ -155,16 +155,19 @@ def run_blocks(xp, shape, size: int, itemsize: int, split, body, one_pass: bool 
     head = whole[:split]
     tail = whole[split + 1:]
 
-    def run(share):
-        for lo, hi in share:
-            body(head + (slice(lo, hi),) + tail)
+    results = [None] * len(blocks)
 
+    def run(share):
+        for k, (lo, hi) in share:
+            results[k] = body(head + (slice(lo, hi),) + tail)
+
+    numbered = list(enumerate(blocks))
     if pool is None:
-        run(blocks)
-        return
+        run(numbered)
+        return results
     threads = min(threads, len(pool.queues) + 1)
     # Contiguous runs: each thread streams through its own part of memory.
-    shares = [blocks[i * len(blocks) // threads:(i + 1) * len(blocks) // threads]
+    shares = [numbered[i * len(blocks) // threads:(i + 1) * len(blocks) // threads]
               for i in range(threads)]
     done = queue.SimpleQueue()
     err = np.geterr()
@@ -181,3 +184,4 @@ def run_blocks(xp, shape, size: int, itemsize: int, split, body, one_pass: bool 
             failure = exc
     if failure is not None:
         raise failure
+    return results

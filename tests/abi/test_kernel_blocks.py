@@ -179,6 +179,14 @@ def test_blocks_cover_the_index_space_once(blocked):
     assert (marks == 1).all()
 
 
+def test_the_blocks_results_come_back_in_block_order(blocked):
+    for split, one_pass in ((0, False), (1, False), (0, True), (None, False)):
+        starts = kernel_threads.run_blocks(np, (37, 5), 185, 8, split,
+                                           lambda index: index[split or 0].start or 0, one_pass)
+        assert starts == sorted(starts) and starts[0] == 0
+        assert len(starts) == (1 if split is None else len(set(starts)))
+
+
 def test_a_one_pass_kernel_gets_one_block_per_thread(blocked):
     marks = np.zeros((37, 5), np.int64)
     seen = []
