@@ -88,6 +88,10 @@ class Primitive:
     * ``vjp_rules[k](o, g, out, *arrays, *params)``: the cotangent of input
       ``k`` (None for a constant input); for a sequence op
       ``vjp_rules[0](o, g, out, i, xs, *params)`` is element ``i``'s.
+    * ``unbroadcast_vjp_rules[k]``: the same, for a caller that knows input
+      ``k`` has the output's shape (nothing was broadcast): an elementwise
+      op's derivative rule itself, without the wrapper that sums the
+      cotangent over broadcast axes.
     * ``jvp_rules[k](o, t, out, *arrays, *params)``: the part of the output's
       tangent coming from input ``k``'s tangent ``t`` (they are summed).
     * ``vjp(o, g, out, arrays, params, ids)`` and ``jvp(o, out, arrays,
@@ -96,6 +100,7 @@ class Primitive:
     """
 
     __slots__ = ("name", "effect", "nin", "nparams", "diff", "kernel", "raw", "vjp_rules",
+                 "unbroadcast_vjp_rules",
                  "jvp_rules", "vjp", "jvp", "elementwise", "sequence", "linear", "numpy",
                  "operator", "methods", "sample", "reference", "public", "doc", "module",
                  "inputs")
@@ -309,13 +314,11 @@ def _reverse_of(d, k, nin):
         def vjp_a(o, g, out, a, b):
             ct = d(o, g, out, a, b)
             return ct if ct.shape == a.shape else unbroadcast(o, ct, a.shape)
-        vjp_a.without_unbroadcast = d     # for a recorder that knows nothing was broadcast
         return vjp_a
     if nin == 2:
         def vjp_b(o, g, out, a, b):
             ct = d(o, g, out, a, b)
             return ct if ct.shape == b.shape else unbroadcast(o, ct, b.shape)
-        vjp_b.without_unbroadcast = d
         return vjp_b
 
     def vjp(o, g, out, *args):
@@ -460,6 +463,7 @@ def op(name: str | None = None, *, numpy: Any = (), operator: str | None = None,
         p.raw = raw if raw is not None else kernel
         p.elementwise, p.sequence, p.linear = bool(elementwise), bool(sequence), bool(linear)
         p.vjp_rules = tuple(vjps.get(i) for i in inputs)
+        p.unbroadcast_vjp_rules = tuple(derivs[i] if i in derivs else vjps.get(i) for i in inputs)
         if linear:
             k = diff.index(True)
             jvp_rules = [None] * nin

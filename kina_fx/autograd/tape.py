@@ -478,8 +478,7 @@ def _binary_factory(prim):
     # The other operand a Python float or int: the traced one has the
     # result's shape, nothing was broadcast, and the node takes the
     # elementwise rule itself, one frame fewer in backward (y * 1.5).
-    scalar_a = getattr(rule_a, "without_unbroadcast", rule_a)
-    scalar_b = getattr(rule_b, "without_unbroadcast", rule_b)
+    scalar_a, scalar_b = prim.unbroadcast_vjp_rules
 
     def make(rec):
         def clause(a, b):
