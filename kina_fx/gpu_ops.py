@@ -533,16 +533,10 @@ def sigmoid(x, out=None):
                     return _sigmoid_fused(x, out)
                 return _sigmoid_formula(x, out)
         if out is None and x.size < kernel_threads.PARALLEL_MIN_ELEMENTS:
-            # autograd's small operands: expit itself, three frames fewer
-            expit = _expit_cache.get(np, _UNRESOLVED)
-            if expit is _UNRESOLVED:
-                expit = _expit(np)
+            expit = _expit(np)      # autograd's small operands: expit itself, two frames fewer
             if expit is not None:
                 return expit(x)
     return _sigmoid_one_call(x, out)
-
-
-_UNRESOLVED = object()
 
 
 def _logistic_formula(xp, x, out):
@@ -563,7 +557,7 @@ def _logistic_fused(xp, x, out):
     r = np.empty(x.shape, np.float32) if out is None else out
     if _fused_logistic_f32(x, r) is True:
         return r
-    return _logistic_formula(xp, x, out)
+    return _logistic_formula(xp, x, r)      # a buffer the loop declines (strided, another type)
 
 
 def _logistic_expit(xp, x, out):
