@@ -13,21 +13,19 @@
 
 #include <string.h>
 
-/* Large comparisons and copies release the GIL: other threads (the kernels' pool) go on. */
-#define KFX_RELEASE_GIL_BYTES (1 << 16)
-
 /* The buffers of ``first`` (C-contiguous, and ``first_flags``) and ``second``
- * (C-contiguous): 1 when both are held (the caller releases them), 0 when
- * either is not such a buffer (nothing held, no error: the caller answers
- * NotImplemented). */
-static int
-two_buffers(PyObject *first, int first_flags, PyObject *second, Py_buffer *a, Py_buffer *b)
+ * (C-contiguous, and ``second_flags``): 1 when both are held (the caller
+ * releases them), 0 when either is not such a buffer (nothing held, no error:
+ * the caller answers NotImplemented).  Also kernels.c's. */
+int
+kfx_two_buffers(PyObject *first, int first_flags, PyObject *second, int second_flags,
+                Py_buffer *a, Py_buffer *b)
 {
     if (PyObject_GetBuffer(first, a, PyBUF_C_CONTIGUOUS | first_flags) < 0) {
         PyErr_Clear();
         return 0;
     }
-    if (PyObject_GetBuffer(second, b, PyBUF_C_CONTIGUOUS) < 0) {
+    if (PyObject_GetBuffer(second, b, PyBUF_C_CONTIGUOUS | second_flags) < 0) {
         PyErr_Clear();
         PyBuffer_Release(a);
         return 0;
@@ -42,7 +40,7 @@ int
 kfx_same_bytes(PyObject *first, PyObject *second)
 {
     Py_buffer a, b;
-    if (!two_buffers(first, 0, second, &a, &b))
+    if (!kfx_two_buffers(first, 0, second, 0, &a, &b))
         return KFX_NOT_BUFFERS;
     int same;
     if (a.len != b.len)
@@ -68,7 +66,7 @@ int
 kfx_copy_bytes(PyObject *first, PyObject *second)
 {
     Py_buffer dst, src;
-    if (!two_buffers(first, PyBUF_WRITABLE, second, &dst, &src))
+    if (!kfx_two_buffers(first, PyBUF_WRITABLE, second, 0, &dst, &src))
         return KFX_NOT_BUFFERS;
     int same_length = dst.len == src.len;
     if (same_length && dst.buf != src.buf && dst.len > 0) {

@@ -32,8 +32,6 @@
 /* ln(2^126): e^x of a larger x makes the logistic function of -x subnormal. */
 #define KFX_LOG_FLT_MIN_INV 87.33654f
 
-#define KFX_RELEASE_GIL_ELEMENTS (1 << 14)
-
 /* e^x for -87.34 <= x <= 87.34: x = n ln2 + r with |r| <= ln2 / 2 (Cody and
  * Waite's two-part ln2, exact products for |n| <= 126), e^r by its Taylor
  * polynomial of degree 7 (remainder below 1.2e-8 relative), 2^n from the
@@ -77,39 +75,26 @@ logistic_loop(const float *x, float *out, Py_ssize_t n)
     }
 }
 
-/* A C-contiguous buffer of native float32 (``flags``: more requirements), or 0 (nothing held). */
 static int
-float32_buffer(PyObject *obj, int flags, Py_buffer *view)
+native_float32(const Py_buffer *view)
 {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | flags) < 0) {
-        PyErr_Clear();
-        return 0;
-    }
-    if (view->itemsize != 4 || view->format == NULL || strcmp(view->format, "f") != 0) {
-        PyBuffer_Release(view);
-        return 0;
-    }
-    return 1;
+    return view->itemsize == 4 && view->format != NULL && strcmp(view->format, "f") == 0;
 }
 
 /* logistic_f32(x, out) */
 static PyObject *
 logistic_into(PyObject *x_obj, PyObject *out_obj)
 {
-    Py_buffer x, out;
-    if (!float32_buffer(x_obj, 0, &x))
+    Py_buffer out, x;
+    if (!kfx_two_buffers(out_obj, PyBUF_WRITABLE | PyBUF_FORMAT, x_obj, PyBUF_FORMAT, &out, &x))
         Py_RETURN_NOTIMPLEMENTED;
-    if (!float32_buffer(out_obj, PyBUF_WRITABLE, &out)) {
-        PyBuffer_Release(&x);
-        Py_RETURN_NOTIMPLEMENTED;
-    }
     /* the same length, and either the same memory (in place) or none shared */
     uintptr_t xb = (uintptr_t)x.buf, ob = (uintptr_t)out.buf;
     int apart = xb == ob || xb + (uintptr_t)x.len <= ob || ob + (uintptr_t)out.len <= xb;
-    int ok = x.len == out.len && apart;
+    int ok = native_float32(&x) && native_float32(&out) && x.len == out.len && apart;
     if (ok) {
         Py_ssize_t n = x.len / 4;
-        if (n < KFX_RELEASE_GIL_ELEMENTS)
+        if (x.len < KFX_RELEASE_GIL_BYTES)
             logistic_loop(x.buf, out.buf, n);
         else {
             Py_BEGIN_ALLOW_THREADS

@@ -524,6 +524,10 @@ int kfx_check_op_rows(PyObject *rows);
 /* ---- buffers.c ---------------------------------------------------------- */
 
 extern PyMethodDef kfx_buffers_methods[];
+int kfx_two_buffers(PyObject *first, int first_flags, PyObject *second, int second_flags,
+                    Py_buffer *a, Py_buffer *b);
+/* Longer memory loops than this release the GIL: other threads (the kernels' pool) go on. */
+#define KFX_RELEASE_GIL_BYTES (1 << 16)
 
 /* ---- kernels.c ---------------------------------------------------------- */
 
