@@ -654,7 +654,9 @@ def _binary(name, ufunc, doc):
             _check_out(out, broadcast_shape(getattr(a, "shape", ()), getattr(b, "shape", ()), name),
                        name)
         if (a.__class__ is np.ndarray and b.__class__ is np.ndarray
-                and max(a.size, b.size) >= kernel_threads.PARALLEL_MIN_ELEMENTS):
+                and (max(a.size, b.size) >= kernel_threads.PARALLEL_MIN_ELEMENTS
+                     or (min(a.size, b.size) <= SHORT_PERIOD
+                         and max(a.size, b.size) >= 4 * WIDE_ROW_ELEMENTS))):
             return _binary_blocks(fn, a, b, out)
         return fn(array_module(a, b), a, b, out)
     kernel.__name__ = kernel.__qualname__ = name
@@ -663,9 +665,52 @@ def _binary(name, ufunc, doc):
 
 
 
+#: NumPy runs its inner loop along the last axes an operand does not
+#: broadcast over: ``x + bias`` with ``x`` of shape (1048576, 10) is a million
+#: loops of ten elements, 3x the time of the same add in rows of 16,384
+#: (docs/benchmarks.md).  When one operand repeats along the other's leading
+#: axes with a period of at most :data:`SHORT_PERIOD` elements, it is tiled to
+#: about this many, and the other operand and the output are viewed as rows
+#: of that length: the same pairs of elements, in long loops
+#: (:func:`_in_wide_rows`).
+WIDE_ROW_ELEMENTS = 16384
+SHORT_PERIOD = 1024
+
+
+def _repeat_period(full, small, out) -> int:
+    """The number of elements after which ``small`` repeats when broadcast to
+    ``full``'s shape -- the size of its shape without leading ones, when that
+    is ``full``'s trailing shape -- if it is at most :data:`SHORT_PERIOD`,
+    ``full`` spans at least four wide rows, and ``full`` and ``out`` are
+    C-contiguous arrays of the result's shape; else 0."""
+    period = small.size
+    if (small.ndim == 0 or period < 2 or period > SHORT_PERIOD
+            or full.size < 4 * WIDE_ROW_ELEMENTS or full.shape != out.shape
+            or not (full.flags.c_contiguous and out.flags.c_contiguous)):
+        return 0
+    trailing = small.shape
+    while trailing[0] == 1:
+        trailing = trailing[1:]
+    return period if full.shape[len(full.shape) - len(trailing):] == trailing else 0
+
+
+def _in_wide_rows(fn, full, tiled, period, out, full_first) -> None:
+    """``fn`` of ``full`` and the operand ``tiled`` repeats (``period``
+    elements, whole repeats), into ``out``: as rows of ``tiled.size``
+    elements, then the last repeats that fill no such row, one row each."""
+    flat_full, flat_out = full.reshape(-1), out.reshape(-1)    # views: both C-contiguous
+    wide = flat_full.size - flat_full.size % tiled.size
+    for lo, hi, other in ((0, wide, tiled), (wide, flat_full.size, tiled[:period])):
+        if hi > lo:
+            rows = flat_full[lo:hi].reshape(-1, other.size)
+            fn(np, *((rows, other) if full_first else (other, rows)),
+               flat_out[lo:hi].reshape(-1, other.size))
+
+
 def _binary_blocks(fn, a, b, out):
-    """``fn(a, b)`` (broadcasting) on large NumPy arrays in row blocks of the
-    result, as :func:`_elementwise_blocks`."""
+    """``fn(a, b)`` (broadcasting) on NumPy arrays: in row blocks of the
+    result for large ones (as :func:`_elementwise_blocks`), and an operand
+    that repeats with a short period tiled (:data:`WIDE_ROW_ELEMENTS`)."""
     shape = broadcast_shape(a.shape, b.shape)
     dtype = np.result_type(a, b)
     if not shape or dtype.kind != "f":
@@ -676,6 +721,10 @@ def _binary_blocks(fn, a, b, out):
                                    and _input_apart(out, v, np) is not v for v in (a, b)):
         return fn(np, a, b, out)
     rows = shape[0]
+    full_first = a.shape == shape
+    full, small = (a, b) if full_first else (b, a)
+    period = _repeat_period(full, small, out)
+    tiled = np.tile(small.reshape(-1), WIDE_ROW_ELEMENTS // period) if period else None
 
     def part(v, index):
         # Operands with the result's leading axis are cut with it; broadcast ones are whole.
@@ -684,7 +733,10 @@ def _binary_blocks(fn, a, b, out):
         return v
 
     def block(index):
-        fn(np, part(a, index), part(b, index), out[index])
+        if period:      # a block of rows: whole repeats, still C-contiguous
+            _in_wide_rows(fn, full[index[:1]], tiled, period, out[index[:1]], full_first)
+        else:
+            fn(np, part(a, index), part(b, index), out[index])
 
     kernel_threads.run_blocks(np, shape, out.size, dtype.itemsize, 0, block, one_pass=True)
     return out

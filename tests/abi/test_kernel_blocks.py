@@ -125,6 +125,46 @@ def test_binary_blocks_broadcast_as_one_call(blocked, shape, seed, name, data):
     np.testing.assert_array_equal(out, expected)
 
 
+UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "power": np.power}
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+@settings(**SETTINGS)
+@given(rows=st.integers(1, 40), trailing=st.lists(st.integers(1, 5), min_size=1, max_size=2).map(tuple),
+       leading_ones=st.integers(0, 2), seed=st.integers(0, 2**16), name=st.sampled_from(BINARY),
+       data=st.data())
+def test_a_short_repeating_operand_tiled_into_wide_rows_gives_numpys_values(
+        monkeypatch, threads, rows, trailing, leading_ones, seed, name, data):
+    # Rows of 12 elements from operands repeating every <= 6: every shape
+    # here with 48+ elements takes the tiled path (counted), the rest not.
+    monkeypatch.setattr(gpu_ops, "WIDE_ROW_ELEMENTS", 12)
+    monkeypatch.setattr(gpu_ops, "SHORT_PERIOD", 6)
+    monkeypatch.setattr(kernel_threads, "PARALLEL_MIN_ELEMENTS", 2)
+    monkeypatch.setenv("KINA_FX_THREADS", threads)
+    wide = []
+    real = gpu_ops._in_wide_rows
+    monkeypatch.setattr(gpu_ops, "_in_wide_rows", lambda *args: wide.append(1) or real(*args))
+    full_shape = (rows, *trailing)
+    small_dtype = data.draw(st.sampled_from([np.float32, np.float64]))
+    a, b = arrays(full_shape, seed), arrays((1,) * leading_ones + trailing, seed + 1, small_dtype)
+    if name in ("power", "div"):
+        a, b = np.abs(a) + np.float32(0.5), np.abs(b) + small_dtype(0.5)
+    swapped = data.draw(st.booleans())
+    if swapped:
+        a, b = b, a
+    fn, expected = getattr(gpu_ops, name), UFUNCS[name](a, b)
+    np.testing.assert_array_equal(fn(a, b), expected)
+    out = np.full(expected.shape, np.nan, expected.dtype)
+    assert fn(a, b, out) is out
+    np.testing.assert_array_equal(out, expected)
+    full = b if swapped else a
+    period = int(np.prod(trailing))
+    assert bool(wide) == (full.shape == expected.shape and 2 <= period <= 6 and full.size >= 48)
+    if full.shape == expected.shape and full.dtype == expected.dtype:    # in place
+        fn(*((a, full) if swapped else (full, b)), full)
+        np.testing.assert_array_equal(full, expected)
+
+
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "exp", "add"])
 def test_an_output_overlapping_its_input_gets_the_values_of_a_copy(blocked, name):
     buf = arrays((41, 7), 3)
