@@ -289,6 +289,22 @@ def _split_axis(ndim: int, axis: int):
     return 1 if ndim > 1 else None
 
 
+#: Elements a block's contiguous runs need at least for NumPy's loops to run
+#: at speed (a loop per run).
+MIN_RUN_ELEMENTS = 1024
+
+
+def _thin_cache_blocks(x, axis) -> bool:
+    """Whether cache-sized blocks of ``x`` for a kernel along ``axis`` would
+    be made of contiguous runs shorter than :data:`MIN_RUN_ELEMENTS`: along
+    axis 0 the blocks are cut across the other axes, and a block of
+    :data:`~kina_fx.kernel_threads.BLOCK_BYTES` over 4096 rows of float32 is
+    rows of 32 elements (a softmax of 4096x4096 along axis 0 took 92 ms,
+    PyTorch's 51).  Such a kernel takes one block per thread instead."""
+    return axis == 0 and x.ndim > 1 and (
+        kernel_threads.BLOCK_BYTES // max(1, x.shape[0] * x.dtype.itemsize) < MIN_RUN_ELEMENTS)
+
+
 def _input_apart(out, x, xp):
     """``x``, or a copy of it when ``out`` overlaps it without being the same
     view: blocks write ``out`` while other blocks still read ``x``."""
@@ -371,7 +387,8 @@ def softmax(x, axis=-1, out=None):
         _, e, s = _max_and_exp_sum(xp, x[index], axis, ob)
         xp.divide(e, s, out=ob)
 
-    kernel_threads.run_blocks(xp, x.shape, x.size, x.dtype.itemsize, _split_axis(x.ndim, axis), block)
+    kernel_threads.run_blocks(xp, x.shape, x.size, x.dtype.itemsize, _split_axis(x.ndim, axis), block,
+                              one_pass=_thin_cache_blocks(x, axis))
     return out
 
 
@@ -782,13 +799,22 @@ def check_reduction(op: str, x, axis, keepdims) -> tuple:
 
 
 def _reduction(fn):
+    """The kernel ``kernel(x, axis=None, keepdims=False, out=None)`` of
+    ``fn(x, axis, keepdims)``: checked, and over one axis of a large
+    floating NumPy array in blocks on the process's cores
+    (:func:`_reduction_blocks`)."""
     name = fn.__name__
     op = name.removeprefix("reduce_")
 
     def kernel(x, axis=None, keepdims=False, out=None):
         axis, keepdims, shape = check_reduction(op, x, axis, keepdims)
         _check_out(out, shape, op)
-        r = fn(x, axis, keepdims)
+        if (x.__class__ is np.ndarray and axis is not None and x.ndim > 1
+                and x.size >= kernel_threads.PARALLEL_MIN_ELEMENTS
+                and (x.dtype == np.float32 or x.dtype == np.float64)):
+            r = _reduction_blocks(fn, x, normalize_axis(axis, x.ndim), keepdims)
+        else:
+            r = fn(x, axis, keepdims)
         if out is None:
             return r
         out[...] = r
@@ -796,6 +822,21 @@ def _reduction(fn):
     kernel.__name__ = name
     kernel.__doc__ = fn.__doc__
     return kernel
+
+
+def _reduction_blocks(fn, x, axis, keepdims):
+    """``fn(x, axis, keepdims)`` (a float32/float64 result of ``x``'s type) in
+    blocks cut along another axis, one per thread: each result element is
+    the one ``fn`` computes for it alone, bit for bit."""
+    kept = x.shape[:axis] + (1,) + x.shape[axis + 1:]
+    r = np.empty(kept, x.dtype)
+
+    def block(index):       # index keeps ``axis`` whole: r's length-1 axis
+        r[index] = fn(x[index], axis, True)
+
+    kernel_threads.run_blocks(np, x.shape, x.size, x.dtype.itemsize, _split_axis(x.ndim, axis), block,
+                              one_pass=True)
+    return r if keepdims else r.reshape(x.shape[:axis] + x.shape[axis + 1:])
 
 
 @_reduction
@@ -812,7 +853,16 @@ def reduce_mean(x, axis, keepdims):
 
 @_reduction
 def reduce_max(x, axis, keepdims):
-    """Maximum over one axis or all axes; an empty reduction is a ValidationError."""
+    """Maximum over one axis or all axes; an empty reduction is a ValidationError.
+
+    A short last axis (:data:`SHORT_AXIS`) of a NumPy array is reduced across
+    the rows of a swapped copy (the same maximum: it does not depend on the
+    order)."""
+    if axis is not None and x.__class__ is np.ndarray and x.ndim > 1:
+        axis = normalize_axis(axis, x.ndim)
+        if axis == x.ndim - 1 and _short_axis(np, x, axis) and x.dtype.kind == "f":
+            m = np.maximum.reduce(x.swapaxes(0, axis).copy(), axis=0, keepdims=True).swapaxes(0, axis)
+            return m if keepdims else m.reshape(x.shape[:-1])
     return x.max(axis=axis, keepdims=keepdims)
 
 
@@ -860,7 +910,8 @@ def log_softmax(x, axis=-1, out=None):
         s += shift
         xp.subtract(xb, s, out=out[index])
 
-    kernel_threads.run_blocks(xp, x.shape, x.size, x.dtype.itemsize, _split_axis(x.ndim, axis), block)
+    kernel_threads.run_blocks(xp, x.shape, x.size, x.dtype.itemsize, _split_axis(x.ndim, axis), block,
+                              one_pass=_thin_cache_blocks(x, axis))
     return out
 
 

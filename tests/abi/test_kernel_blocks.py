@@ -165,6 +165,41 @@ def test_a_short_repeating_operand_tiled_into_wide_rows_gives_numpys_values(
         np.testing.assert_array_equal(full, expected)
 
 
+@settings(**SETTINGS)
+@given(shape=st.lists(st.integers(1, 40), min_size=2, max_size=3).map(tuple), seed=st.integers(0, 2**16),
+       name=st.sampled_from(["sum", "mean", "max"]), dtype=st.sampled_from([np.float32, np.float64]),
+       keepdims=st.booleans(), data=st.data())
+def test_reductions_over_one_axis_in_blocks_are_bitwise_numpys(blocked, shape, seed, name, dtype,
+                                                             keepdims, data):
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    x = arrays(shape, seed, dtype)
+    if data.draw(st.booleans()):                # NaNs, and zeros of both signs, for max
+        x.flat[data.draw(st.integers(0, x.size - 1))] = np.nan
+        x.flat[data.draw(st.integers(0, x.size - 1))] = -0.0
+    expected = getattr(np, name)(x, axis=axis, keepdims=keepdims)
+    fn = getattr(gpu_ops, "reduce_" + name)
+    got = fn(x, axis, keepdims)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+    out = np.full(expected.shape, 7, dtype)
+    assert fn(x, axis, keepdims, out=out) is out
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("classes", [2, 10, gpu_ops.SHORT_AXIS])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_max_over_a_short_last_axis_is_numpys_nans_and_infinities_included(blocked, classes, dtype):
+    x = arrays((600, classes), classes, dtype)
+    x[3, classes - 1] = x[5, 0] = np.nan                  # NaN last, NaN first
+    x[7], x[9, 0] = -np.inf, np.inf                       # a row of -inf, an inf among numbers
+    x[11, :] = 0.0
+    x[11, 0] = -0.0
+    for keepdims in (False, True):
+        expected = np.max(x, axis=-1, keepdims=keepdims)
+        np.testing.assert_array_equal(gpu_ops.reduce_max(x, -1, keepdims), expected)
+        np.testing.assert_array_equal(one_call(gpu_ops.reduce_max, x, 1, keepdims), expected)
+
+
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "exp", "add"])
 def test_an_output_overlapping_its_input_gets_the_values_of_a_copy(blocked, name):
     buf = arrays((41, 7), 3)
