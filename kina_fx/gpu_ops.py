@@ -295,14 +295,21 @@ MIN_RUN_ELEMENTS = 1024
 
 
 def _thin_cache_blocks(x, axis) -> bool:
-    """Whether cache-sized blocks of ``x`` for a kernel along ``axis`` would
-    be made of contiguous runs shorter than :data:`MIN_RUN_ELEMENTS`: along
-    axis 0 the blocks are cut across the other axes, and a block of
+    """Whether a kernel along ``axis`` should take one block per thread
+    because cache-sized blocks of ``x`` would be made of contiguous runs
+    shorter than :data:`MIN_RUN_ELEMENTS` and a thread's block would not.
+    Along axis 0 the blocks are cut across the other axes: a block of
     :data:`~kina_fx.kernel_threads.BLOCK_BYTES` over 4096 rows of float32 is
     rows of 32 elements (a softmax of 4096x4096 along axis 0 took 92 ms,
-    PyTorch's 51).  Such a kernel takes one block per thread instead."""
-    return axis == 0 and x.ndim > 1 and (
-        kernel_threads.BLOCK_BYTES // max(1, x.shape[0] * x.dtype.itemsize) < MIN_RUN_ELEMENTS)
+    PyTorch's 51).  Where a thread's block would be short rows too (10
+    columns), the cache blocks stay: a block of one column is one long
+    strided loop to NumPy, faster than a million loops of five."""
+    if axis != 0 or x.ndim < 2 or x.size == 0:
+        return False
+    run = x.size // x.shape[0]                    # elements of one row of axis 0
+    cache_run = kernel_threads.BLOCK_BYTES // (x.shape[0] * x.dtype.itemsize)
+    threads = kernel_threads.thread_count()
+    return cache_run < MIN_RUN_ELEMENTS and -(-run // threads) >= MIN_RUN_ELEMENTS
 
 
 def _input_apart(out, x, xp):
@@ -384,7 +391,10 @@ def softmax(x, axis=-1, out=None):
 
     def block(index):
         ob = out[index]
-        _, e, s = _max_and_exp_sum(xp, x[index], axis, ob)
+        # the exponentials in ``ob`` itself, unless it is rows of a few strided
+        # columns (along axis 0): then in a contiguous scratch, written to ``ob`` once
+        short_rows = not ob.flags.c_contiguous and ob.size < MIN_RUN_ELEMENTS * ob.shape[0]
+        _, e, s = _max_and_exp_sum(xp, x[index], axis, None if short_rows else ob)
         xp.divide(e, s, out=ob)
 
     kernel_threads.run_blocks(xp, x.shape, x.size, x.dtype.itemsize, _split_axis(x.ndim, axis), block,

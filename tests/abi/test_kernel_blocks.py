@@ -71,6 +71,25 @@ def test_softmax_and_log_softmax_blocks_match_one_call(blocked, shape, seed, dat
 
 
 @settings(**SETTINGS)
+@given(shape=st.lists(st.integers(1, 12), min_size=2, max_size=3).map(tuple), seed=st.integers(0, 2**16))
+def test_along_axis_0_a_thread_takes_one_wide_block_with_the_one_call_values(blocked, monkeypatch,
+                                                                           shape, seed):
+    # runs of 2+ elements count as long: shapes of 9+ rows take one block per thread
+    monkeypatch.setattr(gpu_ops, "MIN_RUN_ELEMENTS", 2)
+    x = arrays(shape, seed)
+    cache_run = kernel_threads.BLOCK_BYTES // (shape[0] * 4)         # 64-byte blocks: rows of 8+ are thin
+    assert gpu_ops._thin_cache_blocks(x, 0) == (cache_run < 2 and -(-(x.size // shape[0]) // 3) >= 2)
+    for fn in (gpu_ops.softmax, gpu_ops.log_softmax):
+        expected = one_call(fn, x, 0)
+        np.testing.assert_allclose(fn(x, 0), expected, rtol=1e-6, atol=1e-6)
+        out = np.full_like(x, np.nan)
+        fn(x, 0, out)
+        np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(gpu_ops.log_softmax(x, 0), reference_log_softmax(x, 0),
+                               rtol=1e-5, atol=1e-5)
+
+
+@settings(**SETTINGS)
 @given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=3).map(tuple), seed=st.integers(0, 2**16))
 def test_cross_entropy_blocks_match_the_reference(blocked, shape, seed):
     logits = arrays(shape, seed)
