@@ -821,7 +821,8 @@ def _reduction(fn):
         _check_out(out, shape, op)
         if (x.__class__ is np.ndarray and axis is not None and x.ndim > 1
                 and x.size >= kernel_threads.PARALLEL_MIN_ELEMENTS
-                and (x.dtype == np.float32 or x.dtype == np.float64)):
+                and (x.dtype == np.float32 or x.dtype == np.float64)
+                and _blocks_keep_the_order(x, normalize_axis(axis, x.ndim))):
             r = _reduction_blocks(fn, x, normalize_axis(axis, x.ndim), keepdims)
         else:
             r = fn(x, axis, keepdims)
@@ -832,6 +833,24 @@ def _reduction(fn):
     kernel.__name__ = name
     kernel.__doc__ = fn.__doc__
     return kernel
+
+
+def _blocks_keep_the_order(x, axis) -> bool:
+    """Whether every block :func:`_reduction_blocks` cuts from ``x`` is
+    reduced in the order one call reduces the whole: NumPy loops innermost
+    over the axis with the smallest stride that is longer than 1, and sums
+    pairwise along it when it is the reduced one, else row after row.  A
+    block of one C-contiguous column (reducing along axis 0) would be summed
+    pairwise where the whole is summed row after row (other bits): ``x``
+    must be C-contiguous, and along axis 0 each block must keep two or more
+    elements of every row."""
+    if not x.flags.c_contiguous:
+        return False
+    if axis != 0 or x.size // (x.shape[0] * x.shape[1]) >= 2:
+        return True
+    columns = x.shape[1]
+    per_thread = -(-columns // kernel_threads.thread_count())
+    return all(hi - lo >= 2 for lo, hi in kernel_threads.block_ranges(columns, per_thread))
 
 
 def _reduction_blocks(fn, x, axis, keepdims):

@@ -205,6 +205,22 @@ def test_reductions_over_one_axis_in_blocks_are_bitwise_numpys(blocked, shape, s
     np.testing.assert_array_equal(out, expected)
 
 
+@pytest.mark.parametrize("threads", ["1", "2", "3"])
+@pytest.mark.parametrize("columns", [1, 2, 3, 4, 5, 7])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_sums_over_axis_0_in_blocks_add_in_numpys_order(monkeypatch, threads, columns, order):
+    # A block of one column is summed pairwise, the whole row after row: such
+    # splits (and non-C-contiguous inputs) run as one call.
+    monkeypatch.setattr(kernel_threads, "PARALLEL_MIN_ELEMENTS", 2)
+    monkeypatch.setenv("KINA_FX_THREADS", threads)
+    for rows in (9, 40, 1000):
+        x = np.asarray(arrays((rows, columns, 1)[:2 if columns > 1 else 3], rows), order=order)
+        for name in ("sum", "mean"):
+            for axis in range(x.ndim):
+                np.testing.assert_array_equal(getattr(gpu_ops, "reduce_" + name)(x, axis, False),
+                                              getattr(np, name)(x, axis=axis))
+
+
 @pytest.mark.parametrize("classes", [2, 10, gpu_ops.SHORT_AXIS])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_max_over_a_short_last_axis_is_numpys_nans_and_infinities_included(blocked, classes, dtype):
