@@ -25,7 +25,7 @@
  * resolved when the module loads); elsewhere the compiler's own choice.  GCC
  * vectorises the loop at -O2 only when told to (its default cost model there
  * refuses a loop that needs a check that ``x`` and ``out`` do not overlap):
- * built with a Python whose CFLAGS say -O2, the loop was scalar, 14x slower. */
+ * built with a Python whose CFLAGS say -O2, the loop was scalar, ~10x slower. */
 #if defined(__GNUC__) && !defined(__clang__)
 #define KFX_VECTORISE optimize("tree-vectorize", "vect-cost-model=dynamic")
 #if defined(__x86_64__) && defined(__linux__)
