@@ -460,6 +460,14 @@ def _elementwise(fn, name=None, one_pass=True):
     return kernel
 
 
+def ufunc_in_blocks(ufunc, x):
+    """``ufunc(x)`` (a one-input NumPy ufunc) of a NumPy array, in row blocks
+    on the process's cores from :data:`~kina_fx.kernel_threads.PARALLEL_MIN_ELEMENTS`
+    elements: the same values, bit for bit (autograd's elementwise kernels
+    call it for large arrays)."""
+    return _elementwise_blocks(lambda xp, xb, ob: ufunc(xb, out=ob), x, None, True)
+
+
 def _elementwise_blocks(fn, x, out, one_pass):
     """``fn`` on a large NumPy array, in row blocks spread over the cores
     (:mod:`kina_fx.kernel_threads`); one call when the output's type or an

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import gpu_ops
+from .. import gpu_ops, kernel_threads
 from ..errors import ValidationError
 from ..handlers import Effect, perform
 from . import samples
@@ -119,14 +119,19 @@ def effect_of(name: str) -> Effect:
 
 def xp_kernel(name: str) -> Callable:
     """A kernel that is the array module's function ``name`` (``np.tanh`` on
-    NumPy arrays, ``cupy.tanh`` on CuPy arrays).  It also unwraps Tensors, so
-    it serves as its effect's default without a wrapper frame."""
+    NumPy arrays, ``cupy.tanh`` on CuPy arrays; a large NumPy array in row
+    blocks on the process's cores, as the runtime's kernels: the same values).
+    It also unwraps Tensors, so it serves as its effect's default without a
+    wrapper frame."""
     np_fn = getattr(np, name)
+    blocks = isinstance(np_fn, np.ufunc) and np_fn.nin == 1 and np_fn.nout == 1
 
     def kernel(x):
         if x.__class__ is Tensor:
             x = _operand(x, name)
         if x.__class__ is _ndarray:
+            if blocks and x.size >= kernel_threads.PARALLEL_MIN_ELEMENTS:
+                return gpu_ops.ufunc_in_blocks(np_fn, x)
             return np_fn(x)
         return getattr(array_module(x), name)(x)
     kernel.__name__ = kernel.__qualname__ = f"{name}_kernel"
