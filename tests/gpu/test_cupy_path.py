@@ -87,11 +87,14 @@ def test_strided_device_views():
     np.testing.assert_allclose(out, e / e.sum(1, keepdims=True), rtol=1e-5)
 
 
-@pytest.mark.parametrize("op", ["matmul", "gather", "softmax", "log_softmax", "repeat_interleave"])
+@pytest.mark.parametrize("op", ["matmul", "gather", "softmax", "log_softmax", "repeat_interleave",
+                                "softmax_axis0", "log_softmax_axis0", "sum_axis0", "mean_axis1",
+                                "max_axis2", "add_bias"])
 def test_gpu_ops_same_results_on_both_backends(op):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((5, 4, 6), dtype=np.float32)
     y = rng.standard_normal((5, 6, 3), dtype=np.float32)
+    bias = rng.standard_normal(6, dtype=np.float32)
     idx = np.array([[4, 0], [2, 2]], np.int64)
     calls = {
         "matmul": lambda xp: gpu_ops.matmul(xp.asarray(x), xp.asarray(y)),
@@ -99,6 +102,13 @@ def test_gpu_ops_same_results_on_both_backends(op):
         "softmax": lambda xp: gpu_ops.softmax(xp.asarray(x), 1),
         "log_softmax": lambda xp: gpu_ops.log_softmax(xp.asarray(x), -1),
         "repeat_interleave": lambda xp: gpu_ops.repeat_interleave(xp.asarray(x), 3, 2),
+        # the kernels whose NumPy path has blocks or tiling of its own (CuPy: one call)
+        "softmax_axis0": lambda xp: gpu_ops.softmax(xp.asarray(x), 0),
+        "log_softmax_axis0": lambda xp: gpu_ops.log_softmax(xp.asarray(x), 0),
+        "sum_axis0": lambda xp: gpu_ops.reduce_sum(xp.asarray(x), 0, False),
+        "mean_axis1": lambda xp: gpu_ops.reduce_mean(xp.asarray(x), 1, True),
+        "max_axis2": lambda xp: gpu_ops.reduce_max(xp.asarray(x), 2, False),
+        "add_bias": lambda xp: gpu_ops.add(xp.asarray(x), xp.asarray(bias)),
     }
     on_cpu = calls[op](np)
     on_gpu = calls[op](cp)
