@@ -308,3 +308,47 @@ def test_a_c_handler_cannot_take_a_runtime_ops_effect(abi, tmp_path):
         assert (y == 0).all()
     finally:
         assert abi.lib.kina_pop_handler(handle[0]) == OK
+
+
+# Operands large enough for the kernels' own paths at their real thresholds
+# (row blocks on two threads, a bias row tiled into wide rows, reductions in
+# blocks or as one call): through the exports, NumPy's values bit for bit.
+LARGE = [(100000, 3), (16385, 4), (300, 1000)]
+
+
+@pytest.fixture
+def two_threads(monkeypatch):
+    monkeypatch.setenv("KINA_FX_THREADS", "2")
+
+
+@pytest.mark.parametrize("shape", LARGE)
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "div"])
+def test_large_binary_ops_with_a_bias_row_are_numpys(abi, two_threads, name, shape):
+    rng = np.random.default_rng(11)
+    ufunc = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}[name]
+    x = _f32(rng, shape)
+    bias = _f32(rng, (1, shape[1]), positive=True)
+    for a, b in ((x, bias), (bias, x)):
+        expected = ufunc(a, b)
+        out = np.full(expected.shape, np.nan, np.float32)
+        assert abi.call(BY_NAME[name].export, out, a, b) == OK, abi.last_error()
+        np.testing.assert_array_equal(out, expected)
+        spaced = np.full((shape[0], 2 * shape[1]), np.nan, np.float32)[:, ::2]    # a strided out
+        assert abi.call(BY_NAME[name].export, spaced, a, b) == OK, abi.last_error()
+        np.testing.assert_array_equal(spaced, expected)
+    inplace = x.copy()
+    assert abi.call(BY_NAME[name].export, inplace, inplace, bias[0]) == OK, abi.last_error()
+    np.testing.assert_array_equal(inplace, ufunc(x, bias[0]))
+
+
+@pytest.mark.parametrize("shape", LARGE)
+@pytest.mark.parametrize("name", ["sum", "mean", "max"])
+def test_large_reductions_are_numpys(abi, two_threads, name, shape):
+    rng = np.random.default_rng(12)
+    for x in (_f32(rng, shape), np.asfortranarray(_f32(rng, shape))):
+        for axis in (0, 1):
+            for keepdims in (0, 1):
+                expected = getattr(np, name)(x, axis=axis, keepdims=bool(keepdims))
+                out = np.full(expected.shape, np.nan, np.float32)
+                assert abi.call(BY_NAME[name].export, out, x, axis, keepdims) == OK, abi.last_error()
+                np.testing.assert_array_equal(out, expected)
