@@ -856,9 +856,7 @@ def _blocks_keep_the_order(x, axis) -> bool:
         return False
     if axis != 0 or x.size // (x.shape[0] * x.shape[1]) >= 2:
         return True
-    columns = x.shape[1]
-    per_thread = -(-columns // kernel_threads.thread_count())
-    return all(hi - lo >= 2 for lo, hi in kernel_threads.block_ranges(columns, per_thread))
+    return all(hi - lo >= 2 for lo, hi in kernel_threads.thread_blocks(x.shape[1]))
 
 
 def _reduction_blocks(fn, x, axis, keepdims):

@@ -30,7 +30,8 @@ import threading
 
 import numpy as np
 
-__all__ = ["BLOCK_BYTES", "PARALLEL_MIN_ELEMENTS", "thread_count", "run_blocks", "block_ranges"]
+__all__ = ["BLOCK_BYTES", "PARALLEL_MIN_ELEMENTS", "thread_count", "run_blocks", "block_ranges",
+           "thread_blocks"]
 
 
 def _cache_block_bytes(default: int = 128 * 1024) -> int:
@@ -124,6 +125,12 @@ def block_ranges(extent: int, per_block: int) -> list:
     return [(lo, min(lo + per_block, extent)) for lo in range(0, extent, per_block)]
 
 
+def thread_blocks(extent: int) -> list:
+    """The blocks ``run_blocks(..., one_pass=True)`` cuts an axis of
+    ``extent`` into: one per thread, as :func:`block_ranges` gives them."""
+    return block_ranges(extent, -(-extent // thread_count()))
+
+
 _WHOLE = tuple((slice(None),) * n for n in range(65))
 
 
@@ -144,13 +151,11 @@ def run_blocks(xp, shape, size: int, itemsize: int, split, body, one_pass: bool 
     whole = _WHOLE[len(shape)]
     extent = shape[split]
     per_index = size // extent if extent else 0
-    threads = thread_count()
     if one_pass:
-        rows = -(-extent // threads)
+        blocks = thread_blocks(extent)
     else:
-        rows = max(1, BLOCK_BYTES // max(1, per_index * itemsize))
-    blocks = block_ranges(extent, rows)
-    threads = min(threads, len(blocks))
+        blocks = block_ranges(extent, max(1, BLOCK_BYTES // max(1, per_index * itemsize)))
+    threads = min(thread_count(), len(blocks))
     pool = _workers(threads)
     head = whole[:split]
     tail = whole[split + 1:]
