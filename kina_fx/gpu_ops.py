@@ -356,6 +356,15 @@ def _short_axis(xp, xb, axis) -> bool:
     return xp is np and 1 < xb.shape[axis] <= SHORT_AXIS and xb.ndim > 1 and xb.size >= 512
 
 
+def _short_axis_max(xb, axis):
+    """``(m, w)``: ``w`` is NumPy block ``xb`` with its short ``axis``
+    (:func:`_short_axis`) swapped to the front, a contiguous copy, and ``m``
+    the maximum along ``axis`` reduced across ``w``'s rows (``axis`` kept,
+    in ``xb``'s axis order)."""
+    w = xb.swapaxes(0, axis).copy()
+    return np.maximum.reduce(w, axis=0, keepdims=True).swapaxes(0, axis), w
+
+
 def _max_and_exp_sum(xp, xb, axis, e_out=None):
     """``(m, e, s)`` of block ``xb`` along ``axis``: ``m`` its maximum and
     ``s`` the sum of ``e = exp(xb - m)``, both with ``axis`` kept (length 1),
@@ -366,12 +375,11 @@ def _max_and_exp_sum(xp, xb, axis, e_out=None):
     first in a contiguous copy, which then holds ``e`` (``e_out`` untouched);
     all three come back as views in ``xb``'s axis order."""
     if _short_axis(xp, xb, axis):
-        w = xb.swapaxes(0, axis).copy()
-        m = np.maximum.reduce(w, axis=0, keepdims=True)
-        np.subtract(w, m, out=w)
+        m, w = _short_axis_max(xb, axis)
+        np.subtract(w, m.swapaxes(0, axis), out=w)
         np.exp(w, out=w)
         total = np.add.reduce(w, axis=0, keepdims=True)
-        return m.swapaxes(0, axis), w.swapaxes(0, axis), total.swapaxes(0, axis)
+        return m, w.swapaxes(0, axis), total.swapaxes(0, axis)
     m = xb.max(axis=axis, keepdims=True)
     e = xp.subtract(xb, m, out=e_out)
     xp.exp(e, out=e)
@@ -827,11 +835,13 @@ def _reduction(fn):
     def kernel(x, axis=None, keepdims=False, out=None):
         axis, keepdims, shape = check_reduction(op, x, axis, keepdims)
         _check_out(out, shape, op)
+        if axis is not None:            # fn takes it normalised
+            axis = normalize_axis(axis, x.ndim)
         if (x.__class__ is np.ndarray and axis is not None and x.ndim > 1
                 and x.size >= kernel_threads.PARALLEL_MIN_ELEMENTS
                 and (x.dtype == np.float32 or x.dtype == np.float64)
-                and _blocks_keep_the_order(x, normalize_axis(axis, x.ndim))):
-            r = _reduction_blocks(fn, x, normalize_axis(axis, x.ndim), keepdims)
+                and _blocks_keep_the_order(x, axis)):
+            r = _reduction_blocks(fn, x, axis, keepdims)
         else:
             r = fn(x, axis, keepdims)
         if out is None:
@@ -893,11 +903,10 @@ def reduce_max(x, axis, keepdims):
     A short last axis (:data:`SHORT_AXIS`) of a NumPy array is reduced across
     the rows of a swapped copy (the same maximum: it does not depend on the
     order)."""
-    if axis is not None and x.__class__ is np.ndarray and x.ndim > 1:
-        axis = normalize_axis(axis, x.ndim)
-        if axis == x.ndim - 1 and _short_axis(np, x, axis) and x.dtype.kind == "f":
-            m = np.maximum.reduce(x.swapaxes(0, axis).copy(), axis=0, keepdims=True).swapaxes(0, axis)
-            return m if keepdims else m.reshape(x.shape[:-1])
+    if (axis is not None and axis == x.ndim - 1 and x.__class__ is np.ndarray
+            and x.dtype.kind == "f" and _short_axis(np, x, axis)):
+        m, _ = _short_axis_max(x, axis)
+        return m if keepdims else m.reshape(x.shape[:-1])
     return x.max(axis=axis, keepdims=keepdims)
 
 
