@@ -696,6 +696,8 @@ def _binary(name, ufunc, doc):
         if out is not None:
             _check_out(out, broadcast_shape(getattr(a, "shape", ()), getattr(b, "shape", ()), name),
                        name)
+        # blocks on threads, or perhaps wide rows (the sizes _repeat_period
+        # needs at least: mid-sized operands without a short one skip its checks)
         if (a.__class__ is np.ndarray and b.__class__ is np.ndarray
                 and (max(a.size, b.size) >= kernel_threads.PARALLEL_MIN_ELEMENTS
                      or (min(a.size, b.size) <= SHORT_PERIOD
