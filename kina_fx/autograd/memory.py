@@ -49,7 +49,7 @@ from ..gpu_ops import array_module
 from ..handlers import Effect, Handler, perform
 from ..runtime_ops import IDENTITY, RUNTIME_OPS, as_given
 from .primitives import PRIMITIVES
-from .tape import compiled_recording
+from .tape import as_input, compiled_recording
 
 __all__ = ["TapeError", "BufferTracer", "MemoryTape", "buffer_key", "current_tracer"]
 
@@ -472,7 +472,9 @@ class MemoryTape(BufferTracer):
                 "(watch it before it is used, or use a new tape)")
         outer = self.parent.lookup(key) if self.parent is not None else None
         if outer is not None and _unchanged(array, outer.value):
-            box = self.tape.watch(outer.tensor)       # nested: a box around the outer value
+            # nested: a new box around the outer value (as_input: never the
+            # outer entry's Tensor itself, which other tapes' tables hold)
+            box = self.tape.watch(as_input(outer.tensor))
         else:
             box = self.tape.watch(array_module(array).array(array, copy=True))
         self._watched[key] = box

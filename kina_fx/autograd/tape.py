@@ -138,9 +138,11 @@ class Tape:
 
         A plain (untraced) Tensor is watched in place, as TensorFlow's
         ``tape.watch(x)``: ``x`` itself becomes the box (and goes back to
-        acting as a plain Tensor when the tape finishes).  Arrays and scalars
-        get a new box, which is returned."""
-        if x.__class__ is Tensor and self._live and (x._trace is None or not x._trace._live):
+        acting as a plain Tensor when the tape finishes), and so is one a
+        finished tape watched.  Arrays, scalars and every other Tensor get a
+        new box, which is returned: a finished tape's result stays that
+        tape's, so its gradients after it finished stay right."""
+        if x.__class__ is Tensor and self._live and _adoptable(x):
             v = _lift(x)
             if v.__class__ is not Tensor:          # plain all the way down: adopt
                 as_input(v)                        # (type checks)
@@ -211,7 +213,15 @@ class Tape:
         # (u, v = a, b).  The others have a tuple of ids (-1: constant), u, v =
         # arrays, parameters, and ``rule(o, g, out, u, v, ids)`` returns one
         # cotangent per id.
-        for rule, oid, ids, u, v, out, _ in reversed(self._nodes):
+        nodes = reversed(self._nodes)
+        if o is not kernels:
+            # Observed: the rules' ops are recorded by the traces running now.
+            # A value recorded one level out may be a box of a trace that has
+            # finished since (an enclosing tape ended before this gradient):
+            # what it holds now is what those traces see.
+            nodes = ((rule, oid, ids, _now(u), _now(v), _now(out), prim)
+                     for rule, oid, ids, u, v, out, prim in nodes)
+        for rule, oid, ids, u, v, out, _ in nodes:
             g = grads[oid]
             if g is None:
                 continue
@@ -249,6 +259,28 @@ class Tape:
             lines.append(f"  op{k} -> v{oid};")
         lines.append("}")
         return "\n".join(lines) + "\n"
+
+
+def _now(value):
+    """A recorded value as the running traces see it now: boxes of finished
+    traces lifted to what they hold (:func:`_lift`), tuples item by item."""
+    c = value.__class__
+    if c is Tensor:
+        return _lift(value)
+    if c is tuple:
+        return tuple([_now(v) for v in value])
+    return value
+
+
+def _adoptable(x) -> bool:
+    """Whether ``watch`` may make Tensor ``x`` itself its box: ``x`` is plain, or
+    a value a finished tape watched (a leaf: no node of that tape is its
+    output, so nothing that tape computes later reads it)."""
+    tr = x._trace
+    if tr is None:
+        return True
+    leaves = getattr(tr, "_leaves", None)
+    return not tr._live and leaves is not None and x._id in leaves
 
 
 def as_input(x: Any) -> Any:
@@ -514,6 +546,7 @@ def _binary_factory(prim):
             return r
         return clause
     return make
+
 
 
 def _general_factory(prim):

@@ -606,6 +606,40 @@ def test_grads_in_several_threads_at_once():
     assert not errors, errors
 
 
+def test_watching_a_finished_tapes_result_leaves_that_tapes_gradient_right():
+    """A finished tape's result is not adopted by a later tape's watch (it got
+    a new box): adopting it in place made the first tape's gradient of it
+    silently zero.  A finished tape's watched leaf is still adopted (below)."""
+    with ad.Tape() as t1:
+        x = t1.watch(np.array(2.0))
+        y = x * 3.0
+    with ad.Tape() as t2:
+        y2 = t2.watch(y)
+        z = y2 * y2
+    assert y2 is not y
+    assert float(t2.gradient(z, y2)) == 12.0
+    assert float(t1.gradient(y, x)) == 3.0
+
+
+def test_a_nested_tapes_gradient_after_its_enclosing_tape_ended_is_recorded_by_the_outer_one():
+    """tc's values are boxes of tb, which has ended when tc's gradient is taken
+    under ta: what they hold now is what ta records -- a box of ta (xb), or a
+    constant (vb, which tb watched from a plain value; it was refused as a value
+    that escaped its trace) -- so the gradient is a function of ta's variable
+    (second order through three tapes)."""
+    with ad.Tape() as ta:
+        w = ta.watch(np.array(3.0))
+        with ad.Tape() as tb:
+            xb = tb.watch(2.0 * w)
+            vb = tb.watch(np.array(0.5))
+            with ad.Tape() as tc:
+                xc = tc.watch(xb)
+                y = xc * xc * xc * vb
+        g = tc.gradient(y, xc)                       # 3 xc^2 vb = 6 w^2
+    assert float(g.data) == 54.0
+    assert float(ta.gradient(g, w)) == 36.0          # 12 w
+
+
 def test_a_dual_of_a_finished_jvp_is_refused_by_later_jvps_and_its_data_is_a_constant():
     leaked = []
 

@@ -200,6 +200,50 @@ def test_watch_in_a_nested_tape_of_a_buffer_the_outer_tape_produced(abi):
     outer.free()
 
 
+def test_a_sibling_watching_what_an_ended_nested_tape_produced_leaves_its_gradient_right(abi):
+    """t1 (nested in outer) records y = exp(x) and ends; t2, nested in outer too,
+    watches y.  t1's backward from y must still give exp(x): t2's watch boxes
+    the value anew instead of taking over t1's result (which made it 0)."""
+    x = np.array([0.5, -0.25, 1.0], np.float32)
+    y, z = np.zeros_like(x), np.zeros_like(x)
+    outer = Tape(abi)
+    t1 = Tape(abi)
+    assert t1.call("watch", x, F32) == OK
+    t1.op("exp", y, x)
+    t1.end()
+    t2 = Tape(abi)
+    assert t2.call("watch", y, F32) == OK, abi.last_error()
+    t2.op("mul", z, y, y)
+    assert t1.call("backward", y, ONES3) == OK, abi.last_error()
+    np.testing.assert_allclose(_grad(t1, x), np.exp(x.astype(np.float64)), rtol=1e-6)
+    t2.end()
+    assert t2.call("backward", z, ONES3) == OK, abi.last_error()
+    np.testing.assert_allclose(_grad(t2, y), 2 * y, rtol=1e-6)
+    for t in (t1, t2, outer):
+        t.free()
+
+
+def test_backward_of_a_nested_tape_after_its_parent_ended_under_a_recording_grandparent(abi):
+    """inner (in middle, in outer) records y = x * x; middle ends; inner's
+    backward then runs under outer, which records it: middle's values are
+    constants to outer, and the gradient is 2x (it was refused as values that
+    escaped their trace)."""
+    x = np.array([0.5, -0.25, 1.0], np.float32)
+    y = np.zeros_like(x)
+    outer = Tape(abi)
+    middle = Tape(abi)
+    assert middle.call("watch", x, F32) == OK
+    inner = Tape(abi)
+    assert inner.call("watch", x, F32) == OK
+    inner.op("mul", y, x, x)
+    inner.end()
+    middle.end()
+    assert inner.call("backward", y, ONES3) == OK, abi.last_error()
+    np.testing.assert_allclose(_grad(inner, x), 2 * x, rtol=1e-6)
+    for t in (inner, middle, outer):
+        t.free()
+
+
 # ---- a failed call changes nothing -------------------------------------------------------
 
 def test_a_refused_op_leaves_a_lenient_tape_as_it_was(abi):
