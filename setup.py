@@ -78,7 +78,8 @@ setup(
         Extension("kina_fx._speedups", optional=True,
                   sources=[f"kina_fx/_speedups_c/{part}.c"
                            for part in ("module", "types", "perform", "nogil", "c_abi", "c_fibers", "tail",
-                                        "round_trip", "buffers", "kernels", "op_calls", "tape_calls")],
+                                        "round_trip", "buffers", "kernels", "op_calls", "tape_calls",
+                                        "tape_clauses")],
                   depends=["kina_fx/_speedups_c/speedups.h", "kina_fx/_speedups_c/kina_fast_api.h"]),
     ],
     cmdclass={"build_ext": BuildNative},

@@ -373,6 +373,7 @@ PyInit__speedups(void)
             || PyModule_AddFunctions(m, kfx_round_trip_methods) < 0
             || PyModule_AddFunctions(m, kfx_buffers_methods) < 0
             || PyModule_AddFunctions(m, kfx_kernels_methods) < 0 || kfx_add_tape_calls(m) < 0
+            || kfx_add_tape_clauses(m) < 0
             || kfx_add_c_fibers(m) < 0 || kfx_init_round_trip() < 0) {
         Py_DECREF(m);
         return NULL;

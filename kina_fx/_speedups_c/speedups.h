@@ -18,6 +18,10 @@
  *   nogil.c       kina_perform's search over C handlers without the GIL
  *   op_calls.c    a runtime op export called from C, CPU backend
  *                          (the CPU path of ffi.ops' callbacks)
+ *   tape_calls.c  a tape over memory's clause for a runtime op
+ *                          (autograd.memory.BufferTracer.apply)
+ *   tape_clauses.c an autograd Tape's clause for an elementwise or
+ *                          binary primitive (autograd.tape's factories)
  *   buffers.c     the byte comparison of a tape's overwrite check
  *                          (autograd.memory._unchanged)
  *   types.c       the data of the protocol's types (the classes' fields)
@@ -414,6 +418,9 @@ int kfx_copy_bytes(PyObject *dst, PyObject *src);
 
 /* tape_calls.c */
 int kfx_add_tape_calls(PyObject *module);
+
+/* tape_clauses.c */
+int kfx_add_tape_clauses(PyObject *module);
 PyObject *perform_at(PyObject *st, PyObject *f, Py_ssize_t i, PyObject *effect,
                      PyObject *const *cargs, Py_ssize_t n);
 extern PyMethodDef kfx_perform_methods[];

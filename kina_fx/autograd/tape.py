@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import numpy as _np
 
+from .. import fibers
 from ..errors import KinaTypeError, ValidationError
 from ..handlers import Effect, Handler, perform
 from .primitives import COMPLEX_REFUSAL, PRIMITIVES, bump_generation, registry_generation
@@ -30,6 +31,7 @@ __all__ = ["Tape", "BACKWARD_OBSERVED", "observe_backward", "ops_for_backward",
            "compiled_recording"]
 
 _pymax = max
+_speedups = fibers.speedups
 
 # --- observing the backward pass -----------------------------------------------------
 
@@ -476,7 +478,7 @@ def _elementwise_factory(prim, rule):
                 b._id = i
                 return b
             return perform(eff, x)
-        return clause
+        return _compiled_clause(clause, rec, (1, eff, prim, rule, None, None, None, None, Tensor))
     return make
 
 
@@ -544,9 +546,18 @@ def _binary_factory(prim):
             r._trace = tape
             r._id = i
             return r
-        return clause
+        return _compiled_clause(clause, rec, (2, eff, prim, rule, rule_a, rule_b, scalar_a, scalar_b, Tensor))
     return make
 
+
+def _compiled_clause(clause, rec, spec):
+    """``clause`` (the reference) wrapped in its compiled form, which records
+    the common case itself (``kina_fx/_speedups_c/tape_clauses.c`` says
+    which), or ``clause`` itself in pure Python.  ``spec``: (inputs, the
+    effect, the primitive, its rule, the binary rules for input a and b and
+    their scalar forms, the Tensor class), as the C file's SPEC_* name them."""
+    make = getattr(_speedups, "TapeClause", None)
+    return clause if make is None else make(clause, rec, spec)
 
 
 def _general_factory(prim):
