@@ -106,6 +106,7 @@ class CompiledFunction:
         self.name = name
         self._function = function
         self._kinds = kinds
+        self._memref_parameters = [(i, kind) for i, kind in enumerate(kinds) if kind in (UNRANKED, RANKED)]
         self._snapshots: dict = {}     # (shape, dtype) -> spare buffers for traced arguments' copies
         self._memrefs: dict = {}       # id(array) -> what _memref_of memoises
         self.outputs = outputs
@@ -160,59 +161,75 @@ class CompiledFunction:
         if len(args) < self.outputs:
             raise TypeError(f"{self.name} takes {self.outputs} output buffer(s) first, "
                             f"got {len(args)} argument(s)")
-        traced = any(a.__class__ is ad.Tensor for a in args)
-        tracer = BufferTracer(strict=self.strict) if traced else None
         if len(args) != len(self._kinds):
             raise TypeError(f"{self.name} takes {len(self._kinds)} arguments, got {len(args)}")
-        keep, c_args, arrays, keys, spares = [], [], [], [], []
-        for i, (a, kind) in enumerate(zip(args, self._kinds)):
-            if kind not in (UNRANKED, RANKED):
-                c_args.append(a)
-                arrays.append(None)
-                keys.append(None)
-                continue
-            traced_arg = a.__class__ is ad.Tensor
-            if i < self.outputs and traced_arg:
-                raise TypeError(f"{self.name}: output {i} must be an array to write into, not a Tensor")
-            array = a.data if traced_arg else a
+        for a in args:
+            if a.__class__ is ad.Tensor:
+                return self._call_traced(args)
+        c_args = list(args)
+        keep = []
+        for i, kind in self._memref_parameters:
+            array = args[i]
             if isinstance(array, np.generic):
                 array = np.asarray(array)
-            if tracer is not None and traced_arg:
+            c_arg, _ = self._memref_of(array, kind)
+            keep.append(c_arg)
+            c_args[i] = c_arg[0]
+        self._check_status(self._function(*c_args))
+        return args[0] if self.outputs == 1 else args[:self.outputs]
+
+    def _call_traced(self, args):
+        """The call under a :class:`BufferTracer` that knows each argument's buffer
+        (module docstring, "Gradients"): returns the Tensors the outputs hold."""
+        tracer = BufferTracer(strict=self.strict)
+        outputs = self.outputs
+        c_args = list(args)
+        keep, keys, spares = [], {}, []
+        for i, kind in self._memref_parameters:
+            a = args[i]
+            traced_arg = a.__class__ is ad.Tensor
+            if traced_arg:
+                if i < outputs:
+                    raise TypeError(f"{self.name}: output {i} must be an array to write into, not a Tensor")
                 # Backward reads the Tensor's value: compiled code that updates
                 # its argument in place must write a copy, not that value.  The
                 # copy's buffer is reused across calls; the value itself is what
                 # the copy must still hold when a recorded op reads it.
-                original, array = array, self._spare_copy(array)
+                original = a.data
+                if isinstance(original, np.generic):
+                    original = np.asarray(original)
+                array = self._spare_copy(original)
                 spares.append(array)
+            else:
+                array = np.asarray(a) if isinstance(a, np.generic) else a
             c_arg, key = self._memref_of(array, kind)
             keep.append(c_arg)
-            c_args.append(c_arg[0])
-            arrays.append(array)
-            keys.append(key)
-            if tracer is not None and i >= self.outputs:
-                if traced_arg:
-                    tracer.bind(array, a, original, key=key)
-                else:           # a plain array: passed as it is, a constant (copied now)
-                    tracer.declare_constant(array, key=key)
-        if tracer is not None:
-            tracer.start()
-            try:
-                status = self._function(*c_args)
-            finally:
-                tracer.stop()
-                self._release(spares)
-        else:
+            c_args[i] = c_arg[0]
+            if i < outputs:
+                keys[i] = (array, key)
+            elif traced_arg:
+                tracer.bind(array, a, original, key=key)
+            else:           # a plain array: passed as it is, a constant (copied now)
+                tracer.declare_constant(array, key=key)
+        tracer.start()
+        try:
             status = self._function(*c_args)
+        finally:
+            tracer.stop()
+            self._release(spares)
+        self._check_status(status)
+        results = [tracer.produced(keys[i][0], f"{self.name}: output {i}", key=keys[i][1])
+                   for i in range(outputs)]
+        return results[0] if outputs == 1 else tuple(results)
+
+    def _check_status(self, status):
+        """Raise what a non-zero status stands for (module docstring)."""
         if status:
             original = ffi.take_last_exception(status)
             if original is not None:
                 raise original
             text = self.module._kina_ffi.string(self.module._kina.kina_last_error()).decode("utf-8", "replace")
             raise exception_for(status, f"{self.name}: {text}")
-        results = [args[i] if tracer is None else
-                   tracer.produced(arrays[i], f"{self.name}: output {i}", key=keys[i])
-                   for i in range(self.outputs)]
-        return results[0] if self.outputs == 1 else tuple(results)
 
 
 # ---- compiling MLIR ------------------------------------------------------------------
