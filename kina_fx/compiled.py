@@ -82,6 +82,9 @@ class CompiledModule:
         """The exported function ``name``; its first ``outputs`` arguments are output buffers."""
         function = getattr(self.lib, name)
         kinds = [a.cname for a in self.ffi.typeof(function).args]
+        if any(kind not in (UNRANKED, RANKED) for kind in kinds[:outputs]):
+            raise TypeError(f"{name}: its first {outputs} parameter(s) must be memrefs to be output "
+                            f"buffers, not {kinds[:outputs]}")
         return CompiledFunction(self, name, function, kinds, outputs, strict)
 
     def __getattr__(self, name):

@@ -148,3 +148,12 @@ def test_compiled_code_updating_a_plain_array_argument_in_place_keeps_gradients_
     g = ad.grad(lambda w: f(np.zeros((), np.float32), x, w))(w)
     np.testing.assert_array_equal(g, x_before)
     np.testing.assert_array_equal(x, x_before * w)     # the plain array was updated, as asked
+
+
+def test_output_buffers_must_be_memref_parameters(mod):
+    """A parameter declared as an int cannot be an output buffer: refused when
+    the function is looked up, before any call."""
+    other = compiled.load(mod.path, f"int32_t double_by_hand(int64_t, {M});")
+    with pytest.raises(TypeError, match="must be memrefs"):
+        other.function("double_by_hand", outputs=1)
+    assert other.function("double_by_hand", outputs=0).outputs == 0
