@@ -452,6 +452,9 @@ def _params_adapter(rule):
 
 
 def _elementwise_factory(prim, rule):
+    # This clause and _binary_factory's are transcribed in C
+    # (kina_fx/_speedups_c/tape_clauses.c, wrapped by _compiled_clause):
+    # a change to either needs the matching change there.
     eff = prim.effect
 
     def make(rec):
