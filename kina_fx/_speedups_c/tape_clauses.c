@@ -24,7 +24,7 @@
  *   - binary: each argument is exactly a Tensor boxed by the recorder's tape,
  *     or a constant of class float or int (the node then takes the scalar
  *     rule, and a Python number is never complex); at least one is a box.
- * (tests/autodiff/test_tape_fast_paths.py compares the recorded nodes and
+ * (tests/autodiff/test_tape_clauses.py compares the recorded nodes and
  * the gradients of both clauses on generated programs.)
  */
 #include "speedups.h"
