@@ -184,7 +184,11 @@ class Tape:
                 else [output_gradients]
         grads = [None] * self._n
         for t, s in zip(targets, seeds):
-            if t.__class__ is not Tensor or t._trace is not self:
+            while t.__class__ is Tensor and t._trace is not self:
+                # a box of a trace nested in this one (finished or not) holds
+                # its value one level out: this tape's box, or a constant
+                t = t._value
+            if t.__class__ is not Tensor:
                 continue          # a constant target: contributes nothing
             if s is None:
                 v = _raw(t)

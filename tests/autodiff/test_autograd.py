@@ -621,6 +621,20 @@ def test_watching_a_finished_tapes_result_leaves_that_tapes_gradient_right():
     assert float(t1.gradient(y, x)) == 3.0
 
 
+def test_a_tape_differentiates_a_result_of_a_tape_nested_in_it():
+    """y is the inner tape's box; its value one level out is t's box of x * 2,
+    so t's gradient of y is 2, while inner records and after it finished (it
+    was silently 0: t took y for a constant)."""
+    with ad.Tape() as t:
+        x = t.watch(np.array(3.0))
+        with ad.Tape() as inner:
+            y = inner.watch(x) * 2.0
+            assert float(t.gradient(y, x)) == 2.0
+        assert float(t.gradient(y, x)) == 2.0
+    assert float(t.gradient(y, x)) == 2.0
+    assert float(t.gradient(ad.Tensor(np.array(1.0)), x)) == 0.0    # a constant target
+
+
 def test_a_nested_tapes_gradient_after_its_enclosing_tape_ended_is_recorded_by_the_outer_one():
     """tc's values are boxes of tb, which has ended when tc's gradient is taken
     under ta: what they hold now is what ta records -- a box of ta (xb), or a

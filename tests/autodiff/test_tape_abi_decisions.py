@@ -429,3 +429,27 @@ def test_a_tape_left_recording_on_a_thread_that_exited_is_stale_and_freeable(abi
     (t,) = tapes
     assert t.call("watch", x, F32) == VALIDATION and "stale" in abi.last_error()
     t.free()            # from another thread: the tape's own is gone
+
+
+def test_an_outer_tape_differentiates_what_a_tape_left_on_an_ended_fiber_produced(abi):
+    """outer watches x; a host fiber begins a tape nested in it, which computes
+    y = exp(x) and is left recording when the fiber ends (stale).  outer
+    recorded exp at its level: its backward from y gives exp(x) (it gave 0:
+    y's entry held the stale tape's result, which outer took for a constant)."""
+    x = np.array([0.5, -0.25, 1.0], np.float32)
+    y = np.zeros_like(x)
+    outer = Tape(abi)
+    assert outer.call("watch", x, F32) == OK
+    tapes = []
+
+    def body():
+        t = Tape(abi)
+        assert t.call("watch", x, F32) == OK
+        t.op("exp", y, x)
+        tapes.append(t)
+    _run_on_a_host_fiber(abi, body)
+    outer.end()
+    assert outer.call("backward", y, ONES3) == OK, abi.last_error()
+    np.testing.assert_allclose(_grad(outer, x), np.exp(x.astype(np.float64)), rtol=1e-6)
+    tapes[0].free()
+    outer.free()
