@@ -296,6 +296,7 @@ class _Run:
             finally:
                 exc = None
         self.log = (self.log, (effect, args, send))
+        _check_replayable(send[1])
         return send[1]
 
     def answer(self, effect, k, args):
@@ -380,6 +381,20 @@ def _kept(exc):
         return exc
     kept.__traceback__ = None
     return kept
+
+
+def _check_replayable(value, depth=0):
+    """Raise unless ``value``, an answer recorded by an earlier run, may be given
+    again to a replayed one.  An object says so itself through a
+    ``__kina_replay__`` method (kina_fx.autograd's Tensor refuses when its trace
+    has finished: the replay runs a new trace, in which it stands for
+    nothing); tuples and lists are looked into."""
+    check = getattr(type(value), "__kina_replay__", None)
+    if check is not None:
+        check(value)
+    elif depth < 4 and isinstance(value, (tuple, list)):
+        for item in value:
+            _check_replayable(item, depth + 1)
 
 
 def _same_args(a, b):

@@ -49,7 +49,7 @@ from ..gpu_ops import array_module
 from ..handlers import Effect, Handler, perform
 from ..runtime_ops import IDENTITY, RUNTIME_OPS, as_given
 from .primitives import PRIMITIVES
-from .tape import as_input, compiled_recording
+from .tape import as_input, compiled_recording, seen_by
 
 __all__ = ["TapeError", "BufferTracer", "MemoryTape", "buffer_key", "current_tracer"]
 
@@ -524,7 +524,9 @@ class MemoryTape(BufferTracer):
                                   f"output of shape {list(output.shape)}")
         seed = array_module(cotangent).array(cotangent, copy=True)
         keys = list(self._watched)
-        grads = self.tape.gradient(entry.tensor, [self._watched[k] for k in keys], seed)
+        # seen_by: a value a nested tape produced (one now ended or stale, whose
+        # boxes are finished) is what this tape recorded for it, or a constant
+        grads = self.tape.gradient(seen_by(self.tape, entry.tensor), [self._watched[k] for k in keys], seed)
         self._gradients = dict(zip(keys, grads))
 
     def grad(self, watched, out) -> None:

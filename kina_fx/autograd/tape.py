@@ -28,7 +28,7 @@ from .tensor import (Tensor, _box, _lift, _lift_operand, _new, _raw, _shape, arr
 
 __all__ = ["Tape", "BACKWARD_OBSERVED", "observe_backward", "ops_for_backward",
            "COMPLEX_REFUSAL", "is_complex", "own", "register_clauses", "as_input",
-           "compiled_recording"]
+           "compiled_recording", "seen_by"]
 
 _pymax = max
 _speedups = fibers.speedups
@@ -184,10 +184,7 @@ class Tape:
                 else [output_gradients]
         grads = [None] * self._n
         for t, s in zip(targets, seeds):
-            while t.__class__ is Tensor and t._trace is not self:
-                # a box of a trace nested in this one (finished or not) holds
-                # its value one level out: this tape's box, or a constant
-                t = t._value
+            t = _target_of(self, t)
             if t.__class__ is not Tensor:
                 continue          # a constant target: contributes nothing
             if s is None:
@@ -265,6 +262,32 @@ class Tape:
             lines.append(f"  op{k} -> v{oid};")
         lines.append("}")
         return "\n".join(lines) + "\n"
+
+
+def seen_by(tape, value):
+    """``value`` as ``tape`` sees it: a box of a trace nested in ``tape`` (running
+    or finished) holds its value one level out, so boxes of other traces are
+    lifted until a box of ``tape`` or a value no trace of ``tape`` follows."""
+    while value.__class__ is Tensor and value._trace is not tape:
+        value = value._value
+    return value
+
+
+def _target_of(tape, target):
+    """A gradient target as ``tape`` sees it (:func:`seen_by`), refused when a
+    box of a finished trace stands for a value ``tape`` does not follow: as an
+    operand of a recorded op (:func:`~kina_fx.autograd.tensor._lift_operand`),
+    taken for a constant it would silently cut the gradient paths it stood for."""
+    finished = None
+    v = target
+    while v.__class__ is Tensor and v._trace is not tape:
+        tr = v._trace
+        if tr is not None and not tr._live and finished is None:
+            finished = tr
+        v = v._value
+    if finished is not None and v.__class__ is not Tensor:
+        _lift_operand(target, tape)           # raises its refusal
+    return v
 
 
 def _now(value):

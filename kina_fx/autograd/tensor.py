@@ -18,9 +18,16 @@ import numpy as np
 
 from .. import gpu_ops
 from ..errors import KinaTypeError, ValidationError
+from ..multishot import ReplayDiverged
 
 array_module = gpu_ops.array_module
 _new = object.__new__
+
+
+class TracedValueReplayed(KinaTypeError, ReplayDiverged):
+    """A multi-shot replay refused to answer a perform again with a value of a
+    trace that has finished (:meth:`Tensor.__kina_replay__`): the refusal of a
+    value outside its trace, and a replay that cannot go on."""
 
 
 class Tensor:
@@ -131,6 +138,23 @@ class Tensor:
         if self.ndim == 0:
             raise TypeError("iteration over a 0-d Tensor")
         return (self[i] for i in range(len(self)))
+
+    def __kina_replay__(self) -> None:
+        """A multi-shot replay (:mod:`kina_fx.multishot`) asks before answering a
+        perform again with this value: refused (:class:`TracedValueReplayed`)
+        when a trace it belongs to has finished -- it was traced by the recorded
+        run, and the replay runs a new trace, in which it would stand for a
+        constant and cut the gradient paths it stood for."""
+        v = self
+        while v.__class__ is Tensor:
+            tr = v._trace
+            if tr is not None and not tr._live:
+                raise TracedValueReplayed(
+                    f"a multi-shot replay would answer a perform again with a value traced by "
+                    f"{tr!r}, which has finished: the recorded run traced it, the replay runs a "
+                    "new trace, and as a constant there it would silently cut the gradient paths "
+                    "it stood for (docs/autograd.md, \"Traced values outside their trace\")")
+            v = v._value
 
     def __repr__(self):
         level = "" if self._trace is None else f", traced by {self._trace!r}"

@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 from kina_fx import Effect, Handler, aio, fiber, perform
 from kina_fx import autograd as ad
 from kina_fx.errors import KinaTypeError
-from kina_fx.multishot import MultiHandler
+from kina_fx.multishot import MultiHandler, ReplayDiverged
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # KINA_FX_SOAK=N: N programs per test from random seeds (as tests/effects/test_differential.py).
@@ -120,12 +120,15 @@ class Run:
     clauses of handlers installed outside a nested ``grad`` (fewer of its
     levels than the perform) that computed on a traced argument, or answered
     it to a second shot or as an aborting clause's result: refused when that
-    argument belongs to the nested trace."""
+    argument belongs to the nested trace; and clauses of handlers outside a
+    MultiHandler that resumes twice answering a value of a nested trace: the
+    second shot's replay would answer it again, after that trace finished."""
 
     def __init__(self):
         self.refused = []
         self.possible = []
         self.depth = 0          # nested grads entered
+        self.shots = 0          # MultiHandlers resuming twice, running now
 
     def body(self, steps, v, x):
         for step in steps:
@@ -156,10 +159,12 @@ class Run:
     def handle(self, spec, fn, v, x, outer=False):
         kind, eff, form, name, post, ret = spec
         effect, post, ret = EFFECTS[eff], POST[post], RET[ret]
-        installed = self.depth
+        installed, shots = self.depth, self.shots
 
         def g(a):
             self.note(spec, a, installed, outer, name in COMPUTES or form == "abort")
+            if self.shots > shots and ad.is_traced(a) and self.depth > installed:
+                self.possible.append(spec)      # a recorded answer a replay gives again
             return CLAUSE[name](a, x)
 
         if kind == "fun":
@@ -183,6 +188,12 @@ class Run:
                 self.note(spec, a, installed)
                 return k.resume(g(a)) + k.resume(SECOND_SHOT(a, x))
             return post(k.resume(g(a)))
+        if kind == "multi" and form == "twice":
+            self.shots += 1
+            try:
+                return MultiHandler(on={effect: clause}, ret=ret).run(fn, v)
+            finally:
+                self.shots -= 1
         cls = MultiHandler if kind == "multi" else Handler
         return cls(on={effect: clause}, ret=ret).run(fn, v)
 
@@ -373,6 +384,43 @@ def test_a_second_shot_outside_grad_answering_a_traced_value_is_refused():
     twice = MultiHandler(on={E: lambda k, a: [k.resume(a), k.resume(a)]})
     with pytest.raises(KinaTypeError, match="which has finished"):
         twice.run(lambda: ad.grad(_inner)(0.7))
+
+
+def test_a_replay_answering_again_with_a_value_of_a_finished_trace_is_refused():
+    """Was a silently wrong value: the second shot replays the body, whose nested
+    grad performs B with its traced argument, answered by a handler outside the
+    MultiHandler; the replay answered again with the first shot's box (its
+    trace finished), and the nested gradient was 0 instead of 1 (2.3 instead of
+    2.6 in all).  The replay now refuses: a KinaTypeError and a ReplayDiverged."""
+    b = Effect("tests.grad_through_effects.b")
+    pass_through = Handler(fun={E: lambda a: a, b: lambda a: a})
+
+    def body(v):
+        g = ad.grad(lambda z: perform(b, z))(v)
+        return perform(E, v) + g
+
+    def twice(x):
+        return MultiHandler(on={E: lambda k, a: k.resume(a) + k.resume(a)}).run(body, x)
+    for call in (lambda: twice(0.3), lambda: ad.value_and_grad(twice)(0.3)):
+        with pytest.raises(KinaTypeError, match="which has finished") as info:
+            pass_through.run(call)
+        assert isinstance(info.value, ReplayDiverged)
+    # answered by a handler inside the MultiHandler's body, B is performed again by each shot
+    inside = Handler(fun={b: lambda a: a})
+    twice_inside = MultiHandler(on={E: lambda k, a: k.resume(a) + k.resume(a)})
+    assert np.isclose(twice_inside.run(lambda v: inside.run(body, v), 0.3), 2.6)
+
+
+def test_a_finished_trace_s_value_as_the_differentiated_output_is_refused():
+    """As an operand of a recorded op it was refused already; returned as the
+    function's output it was silently a constant (gradient 0)."""
+    kept = []
+    ad.grad(lambda z: kept.append(z) or z * 1.0)(0.3)
+    with pytest.raises(KinaTypeError, match="which has finished"):
+        ad.grad(lambda z: kept[0] * 1.0)(0.5)
+    with pytest.raises(KinaTypeError, match="which has finished"):
+        ad.grad(lambda z: kept[0])(0.5)
+    assert ad.grad(lambda z: kept[0].data + z)(0.5) == 1.0     # its .data is the explicit constant
 
 
 def test_shots_outside_grad_answering_constants_are_each_right():
