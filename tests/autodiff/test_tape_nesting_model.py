@@ -4,7 +4,9 @@ A stateful hypothesis test of ``ad.Tape`` itself (``test_tape_model.py`` does
 the same for the tapes of the C ABI): tapes are entered and exited in nesting
 order; each step watches a value (an array, a box of the innermost tape, of an
 enclosing one, or of one that has finished) with the innermost tape, computes
-an op on any two values, or takes any tape's gradient -- while it records,
+an op on any two values or a ``jvp`` on one (forward mode over whatever
+records; its tangent is a value the tapes may differentiate further), or
+takes any tape's gradient -- while it records,
 while tapes nested in it record, or after it finished -- of any value.
 
 Each value is an expression over the tapes' variables.  A tape's gradient is
@@ -65,8 +67,22 @@ def evaluate(e, bind, see_through, by=None):
         return e.value
     if by is not None and by not in e.recorded_by:
         return e.value
-    fn = np.sum if e.name == "sum" else UNARY[e.name][1] if e.name in UNARY else BINARY[e.name][1]
+    fn = NUMPY_OF[e.name] if e.name in NUMPY_OF else UNARY[e.name][1] if e.name in UNARY else BINARY[e.name][1]
     return fn(*[evaluate(a, bind, see_through, by) for a in e.args])
+
+
+def jvp_function(z):
+    """What the ``jvp`` rule differentiates forward: sum(sin(z) * z)."""
+    return ad.sum(ad.sin(z) * z)
+
+
+#: The model's float64 forms of what no single op of UNARY or BINARY is:
+#: ``jvp_primal`` and ``jvp_tangent`` are jvp_function and its derivative along ones.
+NUMPY_OF = {
+    "sum": np.sum,
+    "jvp_primal": lambda z: np.sum(np.sin(z) * z),
+    "jvp_tangent": lambda z: np.sum(np.cos(z) * z + np.sin(z)),
+}
 
 
 def traced(value) -> bool:
@@ -168,6 +184,24 @@ class NestingModel(RuleBasedStateMachine):
         np.testing.assert_allclose(np.asarray(got, np.float64), expr.value, rtol=1e-12, atol=1e-12)
         assert traced(out) == bool(recorded_by), (out, recorded_by)
         self.values.append((out, expr, self.owner(out), recorded_by))
+
+    @rule(data=st.data())
+    def jvp(self, data):
+        """Forward mode inside (or outside) the tapes: its primal and tangent are
+        values the tapes recording now may differentiate further."""
+        i = data.draw(st.integers(0, len(self.values) - 1))
+        obj = self.values[i][0]
+        try:
+            primal, tangent = ad.jvp(jvp_function, (obj,), (np.ones(np.shape(getattr(obj, "data", obj))),))
+        except KinaTypeError as exc:
+            assert "which has finished" in str(exc) and self.involves_finished(i), exc
+            return
+        recorded_by = self.recorders([i])
+        for name, out in (("jvp_primal", primal), ("jvp_tangent", tangent)):
+            expr = Op(name, [self.values[i][1]], recorded_by)
+            got = out.data if isinstance(out, ad.Tensor) else out
+            np.testing.assert_allclose(np.asarray(got, np.float64), expr.value, rtol=1e-12, atol=1e-12)
+            self.values.append((out, expr, self.owner(out), recorded_by))
 
     @precondition(lambda self: any(t.vars for t in self.tapes))
     @rule(data=st.data())
