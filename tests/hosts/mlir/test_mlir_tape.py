@@ -409,6 +409,36 @@ def test_hessian_vector_product_through_the_compiled_forward(mlp, problem, refer
 
 
 @needs_mlir
+def test_hessian_vector_product_of_the_modules_own_tape_gradients(mlp, problem, reference, no_leftovers):
+    """@mlp_grads runs its own tape (kina_tape_*) inside the compiled code; under
+    ad.grad, ad.jvp and a Python Tape that tape nests in the buffer tracer, and
+    its backward pass is recorded: the second derivatives are H v."""
+    v = direction(problem)
+
+    def module_gradients(*q):
+        outs = [np.zeros((), np.float32)] + [np.zeros_like(np.asarray(getattr(a, "data", a))) for a in q]
+        return mlp.grads(*outs, problem.x, problem.labels, *q)[1:]
+
+    def directional(*q):
+        total = None
+        for g, d in zip(module_gradients(*q), v):
+            term = ad.sum(ad.mul(g, d))
+            total = term if total is None else ad.add(total, term)
+        return total
+    reverse_over_reverse = ad.grad(directional, argnums=(0, 1, 2, 3))(*problem.params)
+    _, forward_over_reverse = ad.jvp(lambda *q: tuple(module_gradients(*q)), tuple(problem.params), tuple(v))
+    with ad.Tape() as t:
+        boxes = [t.watch(q) for q in problem.params]
+        total = directional(*boxes)
+    by_tape = t.gradient(total, boxes)
+    for hvp in (reverse_over_reverse, forward_over_reverse, by_tape):
+        for name, h, want, central in zip(PARAMS, hvp, reference.hvp, reference.hvp_central):
+            np.testing.assert_allclose(np.asarray(getattr(h, "data", h)), want, rtol=1e-5, atol=1e-6, err_msg=name)
+            np.testing.assert_allclose(np.asarray(getattr(h, "data", h)), central, rtol=1e-3, atol=1e-5,
+                                       err_msg=name)
+
+
+@needs_mlir
 def test_a_batch_of_one(mlp, no_leftovers):
     """Length-1 dimensions (x is 1 x D) keep their identity across the call
     (MLIR leaves their strides arbitrary), in MLIR's tape and in Python's."""
