@@ -234,6 +234,6 @@ class NestingModel(RuleBasedStateMachine):
 
 
 NestingModel.TestCase.settings = settings(
-    max_examples=300 if CI else 40, stateful_step_count=30, deadline=None,
+    max_examples=1500 if CI else 40, stateful_step_count=30, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 test_tape_nesting_model = NestingModel.TestCase
