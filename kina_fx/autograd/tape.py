@@ -274,19 +274,14 @@ def seen_by(tape, value):
 
 
 def _target_of(tape, target):
-    """A gradient target as ``tape`` sees it (:func:`seen_by`), refused when a
-    box of a finished trace stands for a value ``tape`` does not follow: as an
-    operand of a recorded op (:func:`~kina_fx.autograd.tensor._lift_operand`),
-    taken for a constant it would silently cut the gradient paths it stood for."""
-    finished = None
-    v = target
-    while v.__class__ is Tensor and v._trace is not tape:
-        tr = v._trace
-        if tr is not None and not tr._live and finished is None:
-            finished = tr
-        v = v._value
-    if finished is not None and v.__class__ is not Tensor:
-        _lift_operand(target, tape)           # raises its refusal
+    """A gradient target as ``tape`` sees it (:func:`seen_by`), refused as an
+    operand of a recorded op is (:func:`~kina_fx.autograd.tensor._lift_operand`)
+    when what ``tape`` would see is a finished trace's value that no running
+    trace follows: taken for a constant it would silently cut the gradient
+    paths it stood for."""
+    v = seen_by(tape, target)
+    if v.__class__ is not Tensor and target.__class__ is Tensor:
+        _lift_operand(target, tape)
     return v
 
 
