@@ -418,6 +418,7 @@ int kfx_copy_bytes(PyObject *dst, PyObject *src);
 
 /* tape_calls.c */
 int kfx_add_tape_calls(PyObject *module);
+PyObject *kfx_new_with_fields(PyObject *type, PyObject *const names[3], PyObject *const values[3]);
 
 /* tape_clauses.c */
 int kfx_add_tape_clauses(PyObject *module);

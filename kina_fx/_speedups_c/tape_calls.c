@@ -266,9 +266,10 @@ node_of(KTracerClause *c, Py_ssize_t i, PyObject *const *values, const Py_ssize_
 }
 
 /* ``object.__new__(type)`` with three fields set, as tensor._box and
- * memory._Entry make theirs (new reference, or NULL). */
-static PyObject *
-new_with_fields(PyObject *type, PyObject *const names[3], PyObject *const values[3])
+ * memory._Entry make theirs (new reference, or NULL); tape_clauses.c makes
+ * its boxes with it too. */
+PyObject *
+kfx_new_with_fields(PyObject *type, PyObject *const names[3], PyObject *const values[3])
 {
     static PyObject *no_args;
     if (no_args == NULL && (no_args = PyTuple_New(0)) == NULL)
@@ -288,7 +289,7 @@ box_of(KTracerClause *c, PyObject *tape, Py_ssize_t i, PyObject *value)
     if (index == NULL)
         return NULL;
     PyObject *const names[3] = {n_value_, n_trace_, n_id_}, *const values[3] = {value, tape, index};
-    PyObject *box = new_with_fields(c->tensor_type, names, values);
+    PyObject *box = kfx_new_with_fields(c->tensor_type, names, values);
     Py_DECREF(index);
     return box;
 }
@@ -298,7 +299,7 @@ static PyObject *
 entry_of(KTracerClause *c, PyObject *tensor, PyObject *value)
 {
     PyObject *const names[3] = {n_tensor, n_value, n_kind}, *const values[3] = {tensor, value, n_produced};
-    return new_with_fields(c->entry_type, names, values);
+    return kfx_new_with_fields(c->entry_type, names, values);
 }
 
 static int fast_record(KTracerClause *c, PyObject *const *views, PyObject *const *keys,

@@ -113,10 +113,8 @@ record(KTapeClause *c, PyObject *tape, PyObject *rule, PyObject *ids, PyObject *
     }
     if (PyObject_SetAttr(tape, n_n_, next) < 0)
         goto done;
-    box = PyBaseObject_Type.tp_new((PyTypeObject *)c->tensor_type, no_args, NULL);
-    if (box != NULL && (PyObject_SetAttr(box, n_value_, out) < 0 || PyObject_SetAttr(box, n_trace_, tape) < 0
-                        || PyObject_SetAttr(box, n_id_, index) < 0))
-        Py_CLEAR(box);
+    PyObject *const names[3] = {n_value_, n_trace_, n_id_}, *const values[3] = {out, tape, index};
+    box = kfx_new_with_fields(c->tensor_type, names, values);
 done:
     Py_DECREF(index);
     Py_XDECREF(next);
