@@ -172,10 +172,7 @@ class CompiledFunction:
         c_args = list(args)
         keep = []
         for i, kind in self._memref_parameters:
-            array = args[i]
-            if isinstance(array, np.generic):
-                array = np.asarray(array)
-            c_arg, _ = self._memref_of(array, kind)
+            c_arg, _ = self._memref_of(args[i], kind)     # (memref.descriptor_of takes NumPy scalars too)
             keep.append(c_arg)
             c_args[i] = c_arg[0]
         self._check_status(self._function(*c_args))
