@@ -963,6 +963,11 @@ def log_softmax(x, axis=-1, out=None):
 
 def check_cross_entropy(logits, labels) -> None:
     """ValidationError unless ``cross_entropy(logits, labels)`` is defined."""
+    _check_cross_entropy_shapes(logits, labels)
+    _check_labels_in_range(labels, logits.shape[-1])
+
+
+def _check_cross_entropy_shapes(logits, labels) -> None:
     if logits.ndim < 1:
         raise ValidationError("cross_entropy needs logits of rank >= 1")
     if labels.dtype.kind not in "iu":
@@ -970,16 +975,34 @@ def check_cross_entropy(logits, labels) -> None:
     if tuple(labels.shape) != tuple(logits.shape[:-1]):
         raise ValidationError(f"cross_entropy: labels of shape {tuple(labels.shape)} "
                               f"for logits of shape {tuple(logits.shape)}")
-    classes = logits.shape[-1]
     if labels.size == 0:
         raise ValidationError("cross_entropy of an empty batch")
-    if classes == 0:
+    if logits.shape[-1] == 0:
         raise ValidationError("cross_entropy needs at least one class")
+
+
+def _check_labels_in_range(labels, classes: int) -> None:
     # One reduction: seen unsigned, a negative label is larger than any class.
     unsigned = labels.view(labels.dtype.str.replace("i", "u")) if labels.dtype.kind == "i" else labels
     if int(unsigned.max()) >= classes:
         lo, hi = int(labels.min()), int(labels.max())
         raise ValidationError(f"cross_entropy label {lo if lo < 0 else hi} out of range [0, {classes})")
+
+
+#: Softmax cross-entropy and its gradient over the rows of C-contiguous
+#: float32 logits with C-contiguous int64 labels, one call per block
+#: (kina_fx/_speedups_c/kernels.c: they check the labels' range as they go),
+#: or None: the NumPy formulas below are the references.
+_fused_cross_entropy_sum = getattr(fibers.speedups, "cross_entropy_sum_f32", None)
+_fused_cross_entropy_grad = getattr(fibers.speedups, "cross_entropy_grad_f32", None)
+
+
+def _fused_cross_entropy_operands(logits, labels) -> bool:
+    """Whether the fused loops take ``logits`` and ``labels`` (as
+    :func:`_check_cross_entropy_shapes` admitted them) whole, and so every block."""
+    return (_fused_cross_entropy_sum is not None and logits.__class__ is np.ndarray
+            and labels.__class__ is np.ndarray and logits.dtype == np.float32
+            and labels.dtype == np.int64 and logits.flags.c_contiguous and labels.flags.c_contiguous)
 
 
 def cross_entropy(logits, labels, out=None):
@@ -991,14 +1014,19 @@ def cross_entropy(logits, labels, out=None):
     only a block-sized scratch buffer, and the rows are summed in float64.
     """
     xp = array_module(logits, labels)
-    check_cross_entropy(logits, labels)
-    _check_out(out, (), "cross_entropy")
+    _check_cross_entropy_shapes(logits, labels)
     classes, n = logits.shape[-1], labels.size
+    fused = _fused_cross_entropy_operands(logits, labels)
+    if not fused:
+        _check_labels_in_range(labels, classes)
+    _check_out(out, (), "cross_entropy")
     flat = logits.reshape(-1, classes)
     picks = labels.reshape(-1)
 
     def block(index):          # the block's sum of logsumexp(row) - row[pick], in float64
         rows = index[0]
+        if fused:              # a float, or None: a label out of range
+            return _fused_cross_entropy_sum(flat[rows], picks[rows])
         xb = flat[rows]
         m, _, lse = _max_and_exp_sum(xp, xb, 1)
         xp.log(lse, out=lse)
@@ -1008,6 +1036,10 @@ def cross_entropy(logits, labels, out=None):
 
     # the blocks' sums added in row order: the same total whatever the threads
     sums = kernel_threads.run_blocks(xp, flat.shape, flat.size, flat.dtype.itemsize, 0, block)
+    if fused:
+        if None in sums:
+            _check_labels_in_range(labels, classes)     # raises: the loops met a label out of range
+        sums = [np.float64(s) for s in sums]            # what the formula's blocks return
     total = sums[0]
     for p in sums[1:]:
         total = total + p
@@ -1025,12 +1057,35 @@ def cross_entropy_grad(logits, labels, scale):
     indexed subtraction and one scaling -- instead of a one-hot matrix and
     three full-size temporaries.  ``labels`` as :func:`cross_entropy` checked them."""
     xp = array_module(logits, labels)
+    if _fused_cross_entropy_operands(logits, labels) and _float32_scale(scale):
+        return _cross_entropy_grad_fused(logits, labels, float(scale))
     p = softmax(logits, -1)
     classes = logits.shape[-1]
     flat = p.reshape(-1, classes)           # p is fresh and C-contiguous: a view
     rows = flat.shape[0]
     flat[xp.arange(rows), labels.reshape(-1)] -= 1
     p *= scale
+    return p
+
+
+def _float32_scale(scale) -> bool:
+    """Whether ``p *= scale`` multiplies float32 ``p`` by ``float32(scale)``: a
+    Python number (NumPy takes it in the array's type), or a float32 scalar."""
+    return scale.__class__ in (float, int) or (getattr(scale, "dtype", None) == np.float32
+                                              and np.ndim(scale) == 0)
+
+
+def _cross_entropy_grad_fused(logits, labels, scale: float):
+    classes = logits.shape[-1]
+    p = np.empty(logits.shape, np.float32)
+    flat, rows_out, picks = logits.reshape(-1, classes), p.reshape(-1, classes), labels.reshape(-1)
+
+    def block(index):       # True, or None: a label out of range (nothing written)
+        rows = index[0]
+        return _fused_cross_entropy_grad(flat[rows], picks[rows], scale, rows_out[rows])
+
+    if None in kernel_threads.run_blocks(np, flat.shape, flat.size, 4, 0, block):
+        _check_labels_in_range(labels, classes)     # raises
     return p
 
 

@@ -1,4 +1,6 @@
-/* kernels.c: the float32 logistic function in one pass (speedups.logistic_f32).
+/* kernels.c: float32 loops NumPy has no fused form of: the logistic function in
+ * one pass (speedups.logistic_f32), and softmax cross-entropy and its gradient
+ * over rows (cross_entropy_sum_f32, cross_entropy_grad_f32: below).
  *
  * gpu_ops.sigmoid computes 1 / (1 + e^-x) for large arrays with NumPy's
  * ufuncs, four passes over each cached block (negate, exp, add, divide):
@@ -18,6 +20,7 @@
 #include "speedups.h"
 
 #include <float.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -132,7 +135,366 @@ PyDoc_STRVAR(logistic_f32_doc,
 
 KFX_FASTCALL2(logistic_f32, logistic_into)
 
+/* ---- softmax cross-entropy over rows of float32 logits ----------------------------
+ *
+ * gpu_ops.cross_entropy and cross_entropy_grad compute, per row of classes,
+ * the maximum, the shifted exponentials and their sum with NumPy: five or six
+ * ufunc calls per block, each a microsecond of dispatch.  A training step's
+ * logits are small (batch x classes), so the dispatch was most of the op: a
+ * 16 x 10 loss and its gradient took 11 us each, the same formula written by
+ * hand in NumPy 10 and 8.  These loops make one call of it, and are also
+ * the blocks of large inputs (kernel_threads splits the rows).  The NumPy
+ * formula stays the reference (KINA_FX_PURE_PYTHON=1, other types, strided
+ * buffers); the two agree to a few units in the last place. */
+
+/* e^d for d <= 0: 0 where it is below the smallest normal float32, as the
+ * softmax kernels document (d = -inf gives 0). */
+static inline float
+exp_nonpositive(float d)
+{
+    float c = d > -KFX_LOG_FLT_MIN_INV ? d : -KFX_LOG_FLT_MIN_INV;
+    float e = exp_in_range(c);
+    return d < -KFX_LOG_FLT_MIN_INV ? 0.0f : e;
+}
+
+/* Sixteen lanes, combined: a tree, not a chain of sixteen dependent adds. */
+static inline float
+sum16(float *acc)
+{
+    for (int width = 8; width; width >>= 1)
+        for (int k = 0; k < width; k++)
+            acc[k] += acc[k + width];
+    return acc[0];
+}
+
+static inline float
+max16(float *acc)
+{
+    for (int width = 8; width; width >>= 1)
+        for (int k = 0; k < width; k++)
+            acc[k] = acc[k + width] > acc[k] ? acc[k + width] : acc[k];
+    return acc[0];
+}
+
+/* The maximum of x[0..n) (n >= 1), NaN if any element is NaN: sixteen
+ * running maxima (GCC vectorises no float reduction, nor one whose result
+ * depends on the order), the last partial sixteen padded with -inf.  The row
+ * helpers are inlined into the loops over rows, which carry the vector
+ * clones: a call through a clone's resolver costs more than a short row. */
+static inline float
+row_max(const float *x, Py_ssize_t n)
+{
+    float acc[16];
+    int nan = 0;
+    for (int k = 0; k < 16; k++)
+        acc[k] = -INFINITY;
+    Py_ssize_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++) {
+            float v = x[i + k];
+            nan |= v != v;
+            acc[k] = v > acc[k] ? v : acc[k];
+        }
+    for (Py_ssize_t k = 0; i + k < n; k++) {
+        float v = x[i + k];
+        nan |= v != v;
+        acc[k] = v > acc[k] ? v : acc[k];
+    }
+    float m = max16(acc);
+    return nan ? NAN : m;
+}
+
+/* e[i] = e^(x[i] - m) for i < n (e may be x), and their sum: sixteen partial
+ * sums (as NumPy's pairwise sum, not one running sum), the last partial
+ * sixteen computed padded with -inf (whose exponential is 0). */
+static inline float
+shifted_exp(const float *x, float *e, Py_ssize_t n, float m)
+{
+    float acc[16] = {0};
+    Py_ssize_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++) {
+            float v = exp_nonpositive(x[i + k] - m);
+            e[i + k] = v;
+            acc[k] += v;
+        }
+    Py_ssize_t rest = n - i;
+    if (rest) {
+        float tail[16];
+        for (int k = 0; k < 16; k++)
+            tail[k] = k < rest ? x[i + k] : -INFINITY;
+        for (int k = 0; k < 16; k++) {
+            tail[k] = exp_nonpositive(tail[k] - m);
+            acc[k] += tail[k];
+        }
+        memcpy(e + i, tail, (size_t)rest * sizeof(float));
+    }
+    return sum16(acc);
+}
+
+/* p[i] = (p[i] / s - (i == label)) * scale: softmax's division, the one-hot
+ * subtraction and the scaling, each rounded as the NumPy formula rounds it. */
+static inline void
+softmax_minus_one_hot(float *p, Py_ssize_t n, float s, Py_ssize_t label, float scale)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        float q = p[i] / s;
+        q = i == label ? q - 1.0f : q;
+        p[i] = q * scale;
+    }
+}
+
+/* Whether every label is a class index (0 <= label < classes). */
+static int
+labels_in_range(const int64_t *labels, Py_ssize_t rows, Py_ssize_t classes)
+{
+    for (Py_ssize_t r = 0; r < rows; r++)
+        if ((uint64_t)labels[r] >= (uint64_t)classes)
+            return 0;
+    return 1;
+}
+
+/* Rows of fewer than SHORT_ROW classes go sixteen at a time, transposed: a
+ * class of sixteen rows is one vector, so the maxima, the exponentials and
+ * the sums take a vector operation per class where row by row they take a
+ * padded vector per row (ten classes: 150 cycles a row). */
+#define SHORT_ROW 16
+
+/* ``count`` (<= 16) rows from ``x`` (``classes`` < SHORT_ROW each) transposed
+ * into t[class][row] (rows past ``count`` are zeros), their maxima m (NaN for
+ * a row with a NaN) and the sums s of their shifted exponentials, which t
+ * then holds.  Every short row takes this path, however the rows are cut
+ * into blocks: a row's result does not depend on its neighbours. */
+static inline void
+short_rows_exp(const float *x, Py_ssize_t count, Py_ssize_t classes, float t[SHORT_ROW][16],
+               float m[16], float s[16])
+{
+    int nan[16] = {0};
+    if (count < 16)
+        memset(t, 0, sizeof(float[SHORT_ROW][16]));
+    for (Py_ssize_t k = 0; k < count; k++)
+        for (Py_ssize_t j = 0; j < classes; j++)
+            t[j][k] = x[k * classes + j];
+    for (int k = 0; k < 16; k++) {
+        m[k] = -INFINITY;
+        s[k] = 0.0f;
+    }
+    for (Py_ssize_t j = 0; j < classes; j++)
+        for (int k = 0; k < 16; k++) {
+            float v = t[j][k];
+            nan[k] |= v != v;
+            m[k] = v > m[k] ? v : m[k];
+        }
+    for (int k = 0; k < 16; k++)
+        m[k] = nan[k] ? NAN : m[k];
+    for (Py_ssize_t j = 0; j < classes; j++)
+        for (int k = 0; k < 16; k++) {
+            float e = exp_nonpositive(t[j][k] - m[k]);
+            t[j][k] = e;
+            s[k] += e;
+        }
+}
+
+/* sum over rows of logsumexp(row) - row[label], in double; NaN for a row
+ * whose maximum is NaN or infinite, as the formula gives.  ``scratch``
+ * holds one row's exponentials. */
+KFX_VECTOR_CLONES static double
+cross_entropy_rows(const float *x, const int64_t *labels, Py_ssize_t rows, Py_ssize_t classes,
+                   float *scratch)
+{
+    double total = 0.0;
+    if (classes < SHORT_ROW) {
+        for (Py_ssize_t r = 0; r < rows; r += 16) {
+            Py_ssize_t count = rows - r < 16 ? rows - r : 16;
+            float t[SHORT_ROW][16], m[16], s[16];
+            const float *block = x + r * classes;
+            short_rows_exp(block, count, classes, t, m, s);
+            for (Py_ssize_t k = 0; k < count; k++)
+                total += isfinite(m[k])
+                    ? (log((double)s[k]) + (double)m[k]) - (double)block[k * classes + labels[r + k]]
+                    : NAN;
+        }
+        return total;
+    }
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const float *row = x + r * classes;
+        float m = row_max(row, classes);
+        if (!isfinite(m)) {
+            total += NAN;
+            continue;
+        }
+        float s = shifted_exp(row, scratch, classes, m);
+        total += (log((double)s) + (double)m) - (double)row[labels[r]];
+    }
+    return total;
+}
+
+KFX_VECTOR_CLONES static void
+cross_entropy_grad_rows(const float *x, const int64_t *labels, Py_ssize_t rows, Py_ssize_t classes,
+                        float scale, float *out)
+{
+    if (classes < SHORT_ROW) {
+        for (Py_ssize_t r = 0; r < rows; r += 16) {
+            Py_ssize_t count = rows - r < 16 ? rows - r : 16;
+            float t[SHORT_ROW][16], m[16], s[16];
+            int64_t label[16];
+            short_rows_exp(x + r * classes, count, classes, t, m, s);
+            for (int k = 0; k < 16; k++)
+                label[k] = k < count ? labels[r + k] : -1;
+            for (Py_ssize_t j = 0; j < classes; j++)
+                for (int k = 0; k < 16; k++) {
+                    float q = t[j][k] / s[k];
+                    q = j == label[k] ? q - 1.0f : q;
+                    t[j][k] = isfinite(m[k]) ? q * scale : NAN;
+                }
+            float *block = out + r * classes;
+            for (Py_ssize_t k = 0; k < count; k++)
+                for (Py_ssize_t j = 0; j < classes; j++)
+                    block[k * classes + j] = t[j][k];
+        }
+        return;
+    }
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const float *row = x + r * classes;
+        float *orow = out + r * classes;
+        float m = row_max(row, classes);
+        if (!isfinite(m)) {
+            for (Py_ssize_t i = 0; i < classes; i++)
+                orow[i] = NAN;
+            continue;
+        }
+        float s = shifted_exp(row, orow, classes, m);
+        softmax_minus_one_hot(orow, classes, s, (Py_ssize_t)labels[r], scale);
+    }
+}
+
+static int
+native_int64(const Py_buffer *view)
+{
+    return view->itemsize == 8 && view->format != NULL
+        && (strcmp(view->format, "l") == 0 || strcmp(view->format, "q") == 0);
+}
+
+/* The logits' buffer as rows x classes, with labels one per row: 1, or 0
+ * (nothing held) when they are not C-contiguous float32 logits of rank >= 1
+ * with at least one row and one class and C-contiguous int64 labels, one
+ * per row. */
+static int
+logits_and_labels(PyObject *logits_obj, PyObject *labels_obj, Py_buffer *x, Py_buffer *labels,
+                  Py_ssize_t *rows, Py_ssize_t *classes)
+{
+    if (!kfx_two_buffers(logits_obj, PyBUF_FORMAT, labels_obj, PyBUF_FORMAT, x, labels))
+        return 0;
+    if (native_float32(x) && native_int64(labels) && x->ndim >= 1 && x->shape[x->ndim - 1] > 0) {
+        *classes = x->shape[x->ndim - 1];
+        *rows = x->len / 4 / *classes;
+        if (*rows > 0 && labels->len / 8 == *rows)
+            return 1;
+    }
+    PyBuffer_Release(x);
+    PyBuffer_Release(labels);
+    return 0;
+}
+
+/* cross_entropy_sum_f32(logits, labels) */
+static PyObject *
+cross_entropy_sum(PyObject *logits_obj, PyObject *labels_obj)
+{
+    Py_buffer x, labels;
+    Py_ssize_t rows, classes;
+    if (!logits_and_labels(logits_obj, labels_obj, &x, &labels, &rows, &classes))
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *result = NULL;
+    float *scratch = PyMem_RawMalloc((size_t)classes * sizeof(float));
+    if (scratch == NULL)
+        PyErr_NoMemory();
+    else if (!labels_in_range(labels.buf, rows, classes))
+        result = Py_NewRef(Py_None);
+    else {
+        double total;
+        if (x.len < KFX_RELEASE_GIL_BYTES)
+            total = cross_entropy_rows(x.buf, labels.buf, rows, classes, scratch);
+        else {
+            Py_BEGIN_ALLOW_THREADS
+            total = cross_entropy_rows(x.buf, labels.buf, rows, classes, scratch);
+            Py_END_ALLOW_THREADS
+        }
+        result = PyFloat_FromDouble(total);
+    }
+    PyMem_RawFree(scratch);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&labels);
+    return result;
+}
+
+PyDoc_STRVAR(cross_entropy_sum_f32_doc,
+"cross_entropy_sum_f32(logits, labels)\n--\n\n"
+"The sum over rows of logsumexp(row) - row[label] (a float, summed in double),\n"
+"for C-contiguous float32 logits of rank >= 1 (classes last, at least one row and\n"
+"one class) and C-contiguous int64 labels, one per row; None when a label is not\n"
+"in [0, classes); NotImplemented for any other buffers.  A row whose maximum is\n"
+"NaN or infinite counts NaN.");
+
+KFX_FASTCALL2(cross_entropy_sum_f32, cross_entropy_sum)
+
+/* cross_entropy_grad_f32(logits, labels, scale, out) */
+static PyObject *
+cross_entropy_grad_f32(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4)
+        return PyErr_Format(PyExc_TypeError,
+                            "cross_entropy_grad_f32() takes 4 arguments (%zd given)", nargs);
+    double scale = PyFloat_AsDouble(args[2]);
+    if (scale == -1.0 && PyErr_Occurred())
+        return NULL;
+    Py_buffer x, labels, out;
+    Py_ssize_t rows, classes;
+    if (!logits_and_labels(args[0], args[1], &x, &labels, &rows, &classes))
+        Py_RETURN_NOTIMPLEMENTED;
+    if (PyObject_GetBuffer(args[3], &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        PyBuffer_Release(&x);
+        PyBuffer_Release(&labels);
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    /* the same length, and either the same memory (in place) or none shared */
+    uintptr_t xb = (uintptr_t)x.buf, ob = (uintptr_t)out.buf;
+    int apart = xb == ob || xb + (uintptr_t)x.len <= ob || ob + (uintptr_t)out.len <= xb;
+    PyObject *result;
+    if (!(native_float32(&out) && out.len == x.len && apart))
+        result = Py_NewRef(Py_NotImplemented);
+    else if (!labels_in_range(labels.buf, rows, classes))
+        result = Py_NewRef(Py_None);
+    else {
+        if (x.len < KFX_RELEASE_GIL_BYTES)
+            cross_entropy_grad_rows(x.buf, labels.buf, rows, classes, (float)scale, out.buf);
+        else {
+            Py_BEGIN_ALLOW_THREADS
+            cross_entropy_grad_rows(x.buf, labels.buf, rows, classes, (float)scale, out.buf);
+            Py_END_ALLOW_THREADS
+        }
+        result = Py_NewRef(Py_True);
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&labels);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+PyDoc_STRVAR(cross_entropy_grad_f32_doc,
+"cross_entropy_grad_f32(logits, labels, scale, out)\n--\n\n"
+"Write (softmax(row) - one_hot(label)) * scale into out row by row and return\n"
+"True, for logits and labels as cross_entropy_sum_f32 takes them and a\n"
+"C-contiguous float32 out of the logits' length that is the same memory or\n"
+"shares none; None, having written nothing, when a label is not in\n"
+"[0, classes); NotImplemented, having written nothing, for any other buffers.\n"
+"A row whose maximum is NaN or infinite is NaN.");
+
 PyMethodDef kfx_kernels_methods[] = {
     {"logistic_f32", (PyCFunction)(void (*)(void))logistic_f32, METH_FASTCALL, logistic_f32_doc},
+    {"cross_entropy_sum_f32", (PyCFunction)(void (*)(void))cross_entropy_sum_f32, METH_FASTCALL,
+     cross_entropy_sum_f32_doc},
+    {"cross_entropy_grad_f32", (PyCFunction)(void (*)(void))cross_entropy_grad_f32, METH_FASTCALL,
+     cross_entropy_grad_f32_doc},
     {NULL, NULL, 0, NULL},
 };

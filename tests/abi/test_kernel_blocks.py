@@ -534,3 +534,160 @@ def test_sigmoid_names_itself_when_out_is_the_wrong_shape(n):
     from kina_fx.errors import ValidationError
     with pytest.raises(ValidationError, match=r"^sigmoid: out has shape"):
         gpu_ops.sigmoid(np.zeros(n, np.float32), np.zeros(n + 1, np.float32))
+
+
+# ---- softmax cross-entropy's fused loops (kina_fx/_speedups_c/kernels.c) ----------
+
+SPECIAL_LOGITS = [np.nan, np.inf, -np.inf, 3e38, -3e38, 88.0, -88.0, 0.0]
+
+
+def cross_entropy_formula(logits, labels, scale):
+    """Per-row losses (float64) and the scaled gradient by NumPy's ufuncs in
+    float32, whose NaNs the loops must reproduce."""
+    rows = np.arange(labels.size)
+    with np.errstate(all="ignore"):
+        m = logits.max(axis=1, keepdims=True)
+        e = np.exp(logits - m)
+        s = e.sum(axis=1, keepdims=True)
+        losses = (np.log(s)[:, 0] + m[:, 0]).astype(np.float64) - logits[rows, labels]
+        p = e / s
+        p[rows, labels] -= 1
+        p *= np.float32(scale)
+    return losses, p
+
+
+def cross_entropy_float64(logits, labels, scale):
+    x = logits.astype(np.float64)
+    rows = np.arange(labels.size)
+    m = x.max(axis=1, keepdims=True)
+    e = np.exp(x - m)
+    s = e.sum(axis=1, keepdims=True)
+    p = e / s
+    p[rows, labels] -= 1
+    return (np.log(s)[:, 0] + m[:, 0] - x[rows, labels]).sum(), p * scale
+
+
+@pytest.mark.only_impl("compiled")          # the accelerator's own loops
+@settings(deadline=None, max_examples=200, derandomize=True)
+@given(rows=st.integers(1, 40), classes=st.integers(1, 40), seed=st.integers(0, 2**16),
+       spread=st.sampled_from([0.1, 1.0, 30.0, 1e3]), specials=st.integers(0, 3),
+       scale=st.sampled_from([1.0, 0.25, 1 / 3, -2.0]))
+def test_the_fused_cross_entropy_against_float64_and_the_formula(rows, classes, seed, spread,
+                                                                 specials, scale):
+    """Short rows go sixteen at a time (transposed), the rest and longer rows
+    one at a time: both against float64 and, where a row has NaN or an
+    infinity, against the NaNs the NumPy formula gives."""
+    rng = np.random.default_rng(seed)
+    logits = (rng.standard_normal((rows, classes)) * spread).astype(np.float32)
+    for _ in range(specials):
+        logits[rng.integers(rows), rng.integers(classes)] = rng.choice(SPECIAL_LOGITS)
+    labels = rng.integers(0, classes, rows)
+    losses, formula_grad = cross_entropy_formula(logits, labels, scale)
+    total = fibers.speedups.cross_entropy_sum_f32(logits, labels)
+    grad = np.full_like(logits, 7.0)
+    assert fibers.speedups.cross_entropy_grad_f32(logits, labels, scale, grad) is True
+    want = losses.sum()
+    assert np.array_equal(np.isnan(grad), np.isnan(formula_grad))
+    if np.isnan(want) or np.isinf(want):
+        assert total == want or (np.isnan(total) and np.isnan(want))
+        ok = ~np.isnan(grad)
+        np.testing.assert_allclose(grad[ok], formula_grad[ok], rtol=1e-5, atol=1e-6)
+        return
+    exact_total, exact_grad = cross_entropy_float64(logits, labels, scale)
+    # float32 inputs to the exponentials: a few units in the last place of each row's terms
+    tolerance = 4 * np.finfo(np.float32).eps * np.abs(logits.astype(np.float64)).max(axis=1).clip(1).sum()
+    assert abs(total - exact_total) <= tolerance
+    np.testing.assert_allclose(grad, exact_grad, rtol=2e-6, atol=4e-7 * abs(scale))
+    np.testing.assert_allclose(grad, formula_grad, rtol=2e-6, atol=4e-7 * abs(scale))
+
+
+@pytest.mark.only_impl("compiled")          # the accelerator's own loops
+def test_the_fused_cross_entropy_takes_only_buffers_it_can_and_writes_nothing_otherwise():
+    ce_sum, ce_grad = fibers.speedups.cross_entropy_sum_f32, fibers.speedups.cross_entropy_grad_f32
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((20, 6)).astype(np.float32)
+    labels = rng.integers(0, 6, 20)
+    inplace = logits.copy()
+    assert ce_grad(inplace, labels, 0.5, inplace) is True       # the same memory: in place
+    want = np.empty_like(logits)
+    ce_grad(logits, labels, 0.5, want)
+    np.testing.assert_array_equal(inplace, want)
+    declined_sum = [
+        (logits.astype(np.float64), labels),                    # float64 logits
+        (logits, labels.astype(np.int32)),                      # other labels
+        (logits, labels.astype(">i8")),                         # not native
+        (logits[:, ::2], labels),                               # strided
+        (logits, labels[:19]),                                  # a label short
+        (np.float32(1.0), labels[:1]),                          # rank 0
+        (np.empty((0, 6), np.float32), labels[:0]),             # no rows
+        (np.empty((4, 0), np.float32), labels[:4]),             # no classes
+        (b"1234", labels[:1]),
+    ]
+    for args in declined_sum:
+        assert ce_sum(*args) is NotImplemented
+    shared = np.zeros(20 * 6 + 3, np.float32)
+    shared[:120] = logits.ravel()
+    declined_grad = [
+        (logits, labels, np.empty((20, 6), np.float64)),
+        (logits, labels, np.empty((20, 5), np.float32)),
+        (logits, labels, np.empty((6, 20), np.float32).T),      # not C-contiguous
+        (shared[:120].reshape(20, 6), labels, shared[3:].reshape(20, 6)),   # partly the same memory
+        (logits[:, ::2], labels, np.empty((20, 3), np.float32)),
+    ]
+    frozen = np.empty_like(logits)
+    frozen.flags.writeable = False
+    declined_grad.append((logits, labels, frozen))
+    for x, y, out in declined_grad:
+        before = np.array(out, copy=True)
+        assert ce_grad(x, y, 0.5, out) is NotImplemented
+        np.testing.assert_array_equal(out, before)
+    for bad in (-1, 6, 2**40):                                  # a label out of range: None
+        wrong = labels.copy()
+        wrong[17] = bad
+        out = np.full_like(logits, 7.0)
+        assert ce_sum(logits, wrong) is None
+        assert ce_grad(logits, wrong, 0.5, out) is None
+        assert (out == 7.0).all()
+    with pytest.raises(TypeError):
+        ce_grad(logits, labels, "half", want)
+    with pytest.raises(TypeError):
+        ce_sum(logits)
+
+
+@pytest.mark.only_impl("compiled")          # which path gpu_ops takes
+def test_cross_entropy_and_its_gradient_take_the_fused_loops_where_they_can(blocked):
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal((37, 10)).astype(np.float32)
+    labels = rng.integers(0, 10, 37)
+    loss = one_call(gpu_ops.cross_entropy, logits, labels)
+    assert loss == np.float32(fibers.speedups.cross_entropy_sum_f32(logits, labels) / 37)
+    # blocks of a few rows (the fixture): their float64 sums added in order
+    np.testing.assert_allclose(gpu_ops.cross_entropy(logits, labels), loss, rtol=1e-7)
+    fused = np.empty_like(logits)
+    fibers.speedups.cross_entropy_grad_f32(logits, labels, 0.5, fused)
+    # a row's gradient does not depend on how the rows are cut into blocks
+    np.testing.assert_array_equal(gpu_ops.cross_entropy_grad(logits, labels, np.float32(0.5)), fused)
+    np.testing.assert_array_equal(one_call(gpu_ops.cross_entropy_grad, logits, labels, 0.5), fused)
+    # what the loops decline takes the formula, which agrees
+    wide = np.repeat(logits, 2, axis=1)[:, ::2]
+    np.testing.assert_allclose(gpu_ops.cross_entropy(wide, labels), loss, rtol=1e-6)
+    np.testing.assert_allclose(gpu_ops.cross_entropy_grad(wide, labels, np.float64(0.5)), fused,
+                               rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("many_blocks", [False, True])
+@pytest.mark.parametrize("bad", [-1, 10, 2**40])
+def test_cross_entropy_names_a_label_out_of_range_and_writes_nothing(monkeypatch, many_blocks, bad):
+    if many_blocks:
+        monkeypatch.setattr(kernel_threads, "PARALLEL_MIN_ELEMENTS", 2)
+        monkeypatch.setattr(kernel_threads, "BLOCK_BYTES", 64)
+        monkeypatch.setenv("KINA_FX_THREADS", "3")
+    logits = np.random.default_rng(2).standard_normal((40, 10)).astype(np.float32)
+    labels = np.arange(40) % 10
+    labels[33] = bad
+    out = np.full((), 7.0, np.float32)
+    with pytest.raises(gpu_ops.ValidationError, match=f"label {bad} out of range"):
+        gpu_ops.cross_entropy(logits, labels, out)
+    assert out == 7.0
+    with pytest.raises(gpu_ops.ValidationError, match=f"label {bad} out of range"):
+        gpu_ops.cross_entropy(logits.astype(np.float64), labels)
