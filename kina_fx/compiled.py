@@ -130,17 +130,19 @@ class CompiledFunction:
         if (hit is not None and hit[0]() is array and hit[1] == kind and hit[2] == array.shape
                 and hit[3] == array.strides):
             return hit[4], hit[5]
-        m = memref.descriptor_of(array)
         if kind == UNRANKED:
+            m = memref.descriptor_of(array)
             c_arg = m.pointer_for(self.module.ffi)
+            key = m.identity(array.dtype)
+            m.array = None          # the call holds the array, the memo must not
         else:       # a ranked memref<...> parameter: MLIR passes its descriptor itself
-            c_arg = m.descriptor_pointer_for(self.module.ffi)
-        key = m.identity(array.dtype)
+            c_arg, m, key = memref.ranked_descriptor(array, self.module.ffi)
+            if m.__class__ is memref.UnrankedMemref:
+                m.array = None
         try:
             ref = weakref.ref(array)
         except TypeError:           # not weakly referenceable: not memoised
             return (c_arg, m), key
-        m.array = None
         if len(self._memrefs) >= 64:
             self._memrefs.clear()
         self._memrefs[id(array)] = (ref, kind, array.shape, array.strides, (c_arg, m), key)

@@ -550,6 +550,32 @@ def descriptor_of(array) -> UnrankedMemref:
     return UnrankedMemref(array, array.ndim, words)
 
 
+def ranked_descriptor(array, foreign_ffi) -> tuple:
+    """``(pointer, keep, identity)`` for a compiled function's ranked memref
+    parameter: ``pointer`` a ``kina_memref_descriptor_t *`` of ``foreign_ffi``
+    over ``array`` (:func:`descriptor_of`'s descriptor), ``keep`` what to hold
+    for the call, ``identity`` :func:`identity`'s tuple of that memory.
+
+    NumPy arrays take the accelerator's transcription
+    (``kina_fx/_speedups_c/buffers.c``: one call, no array-interface dict);
+    the descriptor and identity are the same."""
+    if array.__class__ is np.ndarray and _ranked_descriptor_words is not None:
+        made = _ranked_descriptor_words(array, array.strides, array.dtype.str)
+        if made is not NotImplemented:
+            words, key = made
+            return foreign_ffi.from_buffer("kina_memref_descriptor_t *", words), words, key
+    m = descriptor_of(array)
+    return m.descriptor_pointer_for(foreign_ffi), m, m.identity(np.dtype(array.dtype))
+
+
+def _accelerated_ranked_descriptor_words():
+    from . import fibers
+    return getattr(fibers.speedups, "ranked_descriptor_words", None)
+
+
+_ranked_descriptor_words = _accelerated_ranked_descriptor_words()
+
+
 def array_of(ptr, dtype, name: str = "memref"):
     """The array a memref describes: a zero-copy NumPy view (CuPy for device memory).
 

@@ -1,6 +1,7 @@
 """kina_fx.memref: descriptors <-> NumPy views, zero-copy, checked against NumPy."""
 from __future__ import annotations
 
+import cffi
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -137,3 +138,46 @@ def test_strides_of_length_one_dimensions_are_ignored():
     address = a.__array_interface__["data"][0]
     d = memref.UnrankedMemref(a, 2, [address, address, 0, 1, 3, 1 << 62, 1]).descriptor()
     np.testing.assert_array_equal(memref.numpy_view(d, np.float32), a[None, :])
+
+
+def _descriptor_words(ptr, rank, ffi):
+    return ([int(ffi.cast("intptr_t", ptr.allocated)), int(ffi.cast("intptr_t", ptr.aligned)), ptr.offset]
+            + [ptr.sizes_and_strides[i] for i in range(2 * rank)])
+
+
+_RANKED_FFI = cffi.FFI()
+_RANKED_FFI.cdef("typedef struct { void *allocated; void *aligned; int64_t offset; "
+                 "int64_t sizes_and_strides[]; } kina_memref_descriptor_t;")
+
+
+@settings(max_examples=200, deadline=None)
+@given(strided_arrays(), st.sampled_from(["as is", "empty", "length one"]))
+def test_a_ranked_descriptor_is_descriptor_ofs_words_and_identity(arr, variant):
+    """memref.ranked_descriptor (the accelerator's transcription where it is
+    built) against its reference, descriptor_of: the same words, read through
+    another FFI instance, and memref.identity's tuple."""
+    if variant == "empty" and arr.ndim:
+        arr = arr[..., :0]
+    elif variant == "length one" and arr.ndim:
+        arr = arr[..., :1]
+    ptr, keep, key = memref.ranked_descriptor(arr, _RANKED_FFI)
+    reference = memref.descriptor_of(arr)
+    assert _descriptor_words(ptr, arr.ndim, _RANKED_FFI) == list(reference.words)[:3 + 2 * arr.ndim]
+    assert key == reference.identity(arr.dtype) == memref.identity(arr)
+    assert keep is not None
+    if arr.size:
+        view = memref.numpy_view(memref.read_descriptor(reference.address), arr.dtype)
+        np.testing.assert_array_equal(view, arr)
+
+
+def test_a_ranked_descriptor_of_what_the_accelerator_declines_is_descriptor_ofs():
+    scalar = np.float32(2.5)                     # not an ndarray: descriptor_of's 0-d copy
+    ptr, keep, key = memref.ranked_descriptor(scalar, _RANKED_FFI)
+    assert isinstance(keep, memref.UnrankedMemref) and keep.array.shape == ()
+    assert float(_RANKED_FFI.cast("float *", ptr.aligned)[0]) == 2.5
+    odd = np.zeros(8, np.uint8)[1:].view(np.dtype([("a", np.uint8)]))[::2]   # a structured view
+    ptr, keep, key = memref.ranked_descriptor(odd, _RANKED_FFI)
+    assert key == memref.identity(odd)
+    misaligned = np.ndarray((2,), np.int32, np.zeros(16, np.uint8), 1, (6,))   # 6-byte strides
+    with pytest.raises(ValidationError, match="multiple of the item size"):
+        memref.ranked_descriptor(misaligned, _RANKED_FFI)
