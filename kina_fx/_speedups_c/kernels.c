@@ -490,7 +490,35 @@ PyDoc_STRVAR(cross_entropy_grad_f32_doc,
 "[0, classes); NotImplemented, having written nothing, for any other buffers.\n"
 "A row whose maximum is NaN or infinite is NaN.");
 
+/* labels_in_range_i64(labels, classes) */
+static PyObject *
+labels_in_range_i64(PyObject *labels_obj, PyObject *classes_obj)
+{
+    Py_ssize_t classes = PyLong_AsSsize_t(classes_obj);
+    if (classes == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer labels;
+    if (PyObject_GetBuffer(labels_obj, &labels, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    PyObject *result = native_int64(&labels)
+        ? PyBool_FromLong(labels_in_range(labels.buf, labels.len / 8, classes))
+        : Py_NewRef(Py_NotImplemented);
+    PyBuffer_Release(&labels);
+    return result;
+}
+
+PyDoc_STRVAR(labels_in_range_i64_doc,
+"labels_in_range_i64(labels, classes)\n--\n\n"
+"Whether every label of a C-contiguous int64 buffer is in [0, classes);\n"
+"NotImplemented for any other buffer.");
+
+KFX_FASTCALL2(labels_in_range_i64_call, labels_in_range_i64)
+
 PyMethodDef kfx_kernels_methods[] = {
+    {"labels_in_range_i64", (PyCFunction)(void (*)(void))labels_in_range_i64_call, METH_FASTCALL,
+     labels_in_range_i64_doc},
     {"logistic_f32", (PyCFunction)(void (*)(void))logistic_f32, METH_FASTCALL, logistic_f32_doc},
     {"cross_entropy_sum_f32", (PyCFunction)(void (*)(void))cross_entropy_sum_f32, METH_FASTCALL,
      cross_entropy_sum_f32_doc},

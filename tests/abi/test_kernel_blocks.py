@@ -648,6 +648,11 @@ def test_the_fused_cross_entropy_takes_only_buffers_it_can_and_writes_nothing_ot
         assert ce_sum(logits, wrong) is None
         assert ce_grad(logits, wrong, 0.5, out) is None
         assert (out == 7.0).all()
+    in_range = fibers.speedups.labels_in_range_i64
+    assert in_range(labels, 6) is True and in_range(labels, int(labels.max())) is False
+    assert in_range(np.array([-1, 0]), 6) is False
+    assert in_range(labels.astype(np.int32), 6) is NotImplemented
+    assert in_range(labels[::2], 6) is NotImplemented
     with pytest.raises(TypeError):
         ce_grad(logits, labels, "half", want)
     with pytest.raises(TypeError):
