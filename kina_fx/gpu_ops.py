@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from . import fibers, kernel_threads
-from .errors import GpuError, ResourceError, ValidationError
+from .errors import GpuError, InternalError, ResourceError, ValidationError
 
 _cupy = None
 _cupy_checked = False
@@ -396,6 +396,8 @@ def softmax(x, axis=-1, out=None):
     xp, x, axis, out = _along_axis_operands(x, axis, out, "softmax")
     if x.shape[axis] == 0 or x.size == 0:
         return out
+    if _fused_rows(xp, x, axis, out):
+        return _softmax_rows_fused(x, out, False)
 
     def block(index):
         ob = out[index]
@@ -407,6 +409,35 @@ def softmax(x, axis=-1, out=None):
 
     kernel_threads.run_blocks(xp, x.shape, x.size, x.dtype.itemsize, _split_axis(x.ndim, axis), block,
                               one_pass=_thin_cache_blocks(x, axis))
+    return out
+
+
+#: softmax or log_softmax of each row (the last axis) of C-contiguous float32
+#: buffers, one call per block (kina_fx/_speedups_c/kernels.c), or None: the
+#: blocks of NumPy ufuncs above are the reference.
+_fused_softmax_rows = getattr(fibers.speedups, "softmax_rows_f32", None)
+
+
+def _fused_rows(xp, x, axis, out) -> bool:
+    """Whether the fused loop takes every block of ``x`` along ``axis`` into
+    ``out`` (as :func:`_along_axis_operands` left them: the same memory or none
+    shared)."""
+    return (_fused_softmax_rows is not None and xp is np and axis == x.ndim - 1
+            and x.dtype == np.float32 and out.dtype == np.float32
+            and x.flags.c_contiguous and out.flags.c_contiguous)
+
+
+def _softmax_rows_fused(x, out, log: bool):
+    classes = x.shape[-1]
+    rows_in, rows_out = x.reshape(-1, classes), out.reshape(-1, classes)
+
+    def block(index):
+        rows = index[0]
+        return _fused_softmax_rows(rows_in[rows], rows_out[rows], log)
+
+    done = kernel_threads.run_blocks(np, rows_in.shape, rows_in.size, 4, 0, block)
+    if any(d is not True for d in done):     # none of these declines: C-contiguous float32 rows
+        raise InternalError("the fused softmax loop declined a block it takes")
     return out
 
 
@@ -948,6 +979,8 @@ def log_softmax(x, axis=-1, out=None):
     xp, x, axis, out = _along_axis_operands(x, axis, out, "log_softmax")
     if x.size == 0:
         return out
+    if _fused_rows(xp, x, axis, out):
+        return _softmax_rows_fused(x, out, True)
 
     def block(index):
         xb = x[index]

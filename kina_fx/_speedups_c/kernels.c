@@ -1,6 +1,7 @@
 /* kernels.c: float32 loops NumPy has no fused form of: the logistic function in
  * one pass (speedups.logistic_f32), and softmax cross-entropy and its gradient
- * over rows (cross_entropy_sum_f32, cross_entropy_grad_f32: below).
+ * over rows (cross_entropy_sum_f32, cross_entropy_grad_f32: below), and softmax
+ * and log_softmax over rows (softmax_rows_f32).
  *
  * gpu_ops.sigmoid computes 1 / (1 + e^-x) for large arrays with NumPy's
  * ufuncs, four passes over each cached block (negate, exp, add, divide):
@@ -368,6 +369,58 @@ cross_entropy_grad_rows(const float *x, const int64_t *labels, Py_ssize_t rows, 
     }
 }
 
+/* softmax (log_softmax: ``log``) of each row of x into out: the formula's
+ * steps in its order and roundings, the exponentials in out (softmax) or in
+ * ``scratch`` (log_softmax); a row whose maximum is NaN or infinite is NaN. */
+KFX_VECTOR_CLONES static void
+softmax_rows(const float *x, float *out, Py_ssize_t rows, Py_ssize_t classes, int log,
+             float *scratch)
+{
+    if (classes < SHORT_ROW) {
+        for (Py_ssize_t r = 0; r < rows; r += 16) {
+            Py_ssize_t count = rows - r < 16 ? rows - r : 16;
+            float t[SHORT_ROW][16], m[16], s[16], lse[16];
+            const float *block = x + r * classes;
+            float *oblock = out + r * classes;
+            short_rows_exp(block, count, classes, t, m, s);
+            if (log) {
+                for (int k = 0; k < 16; k++)
+                    lse[k] = isfinite(m[k]) ? logf(s[k]) + m[k] : NAN;
+                for (Py_ssize_t k = 0; k < count; k++)
+                    for (Py_ssize_t j = 0; j < classes; j++)
+                        oblock[k * classes + j] = block[k * classes + j] - lse[k];
+                continue;
+            }
+            for (Py_ssize_t j = 0; j < classes; j++)
+                for (int k = 0; k < 16; k++)
+                    t[j][k] = isfinite(m[k]) ? t[j][k] / s[k] : NAN;
+            for (Py_ssize_t k = 0; k < count; k++)
+                for (Py_ssize_t j = 0; j < classes; j++)
+                    oblock[k * classes + j] = t[j][k];
+        }
+        return;
+    }
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const float *row = x + r * classes;
+        float *orow = out + r * classes;
+        float m = row_max(row, classes);
+        if (!isfinite(m)) {
+            for (Py_ssize_t i = 0; i < classes; i++)
+                orow[i] = NAN;
+            continue;
+        }
+        if (log) {
+            float lse = logf(shifted_exp(row, scratch, classes, m)) + m;
+            for (Py_ssize_t i = 0; i < classes; i++)
+                orow[i] = row[i] - lse;
+        } else {
+            float s = shifted_exp(row, orow, classes, m);
+            for (Py_ssize_t i = 0; i < classes; i++)
+                orow[i] = orow[i] / s;
+        }
+    }
+}
+
 static int
 native_int64(const Py_buffer *view)
 {
@@ -490,6 +543,54 @@ PyDoc_STRVAR(cross_entropy_grad_f32_doc,
 "[0, classes); NotImplemented, having written nothing, for any other buffers.\n"
 "A row whose maximum is NaN or infinite is NaN.");
 
+/* softmax_rows_f32(x, out, log) */
+static PyObject *
+softmax_rows_f32(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3)
+        return PyErr_Format(PyExc_TypeError, "softmax_rows_f32() takes 3 arguments (%zd given)", nargs);
+    int log = PyObject_IsTrue(args[2]);
+    if (log < 0)
+        return NULL;
+    Py_buffer out, x;
+    if (!kfx_two_buffers(args[1], PyBUF_WRITABLE | PyBUF_FORMAT, args[0], PyBUF_FORMAT, &out, &x))
+        Py_RETURN_NOTIMPLEMENTED;
+    uintptr_t xb = (uintptr_t)x.buf, ob = (uintptr_t)out.buf;
+    int apart = xb == ob || xb + (uintptr_t)x.len <= ob || ob + (uintptr_t)out.len <= xb;
+    int ok = native_float32(&x) && native_float32(&out) && x.len == out.len && apart && x.ndim >= 1
+        && x.shape[x.ndim - 1] > 0;
+    PyObject *result = Py_NotImplemented;
+    float *scratch = NULL;
+    if (ok) {
+        Py_ssize_t classes = x.shape[x.ndim - 1], rows = x.len / 4 / classes;
+        scratch = PyMem_RawMalloc((size_t)classes * sizeof(float));
+        if (scratch == NULL)
+            result = PyErr_NoMemory();
+        else {
+            if (x.len < KFX_RELEASE_GIL_BYTES)
+                softmax_rows(x.buf, out.buf, rows, classes, log, scratch);
+            else {
+                Py_BEGIN_ALLOW_THREADS
+                softmax_rows(x.buf, out.buf, rows, classes, log, scratch);
+                Py_END_ALLOW_THREADS
+            }
+            result = Py_True;
+        }
+    }
+    PyMem_RawFree(scratch);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
+    return Py_XNewRef(result);
+}
+
+PyDoc_STRVAR(softmax_rows_f32_doc,
+"softmax_rows_f32(x, out, log)\n--\n\n"
+"Write the softmax (log_softmax when log is true) of each row of x (the last\n"
+"axis) into out and return True, for C-contiguous float32 buffers of the same\n"
+"length, rank >= 1 and at least one class, that are the same memory or share\n"
+"none; NotImplemented, having written nothing, for any others.  A row whose\n"
+"maximum is NaN or infinite is NaN.");
+
 /* labels_in_range_i64(labels, classes) */
 static PyObject *
 labels_in_range_i64(PyObject *labels_obj, PyObject *classes_obj)
@@ -519,6 +620,7 @@ KFX_FASTCALL2(labels_in_range_i64_call, labels_in_range_i64)
 PyMethodDef kfx_kernels_methods[] = {
     {"labels_in_range_i64", (PyCFunction)(void (*)(void))labels_in_range_i64_call, METH_FASTCALL,
      labels_in_range_i64_doc},
+    {"softmax_rows_f32", (PyCFunction)(void (*)(void))softmax_rows_f32, METH_FASTCALL, softmax_rows_f32_doc},
     {"logistic_f32", (PyCFunction)(void (*)(void))logistic_f32, METH_FASTCALL, logistic_f32_doc},
     {"cross_entropy_sum_f32", (PyCFunction)(void (*)(void))cross_entropy_sum_f32, METH_FASTCALL,
      cross_entropy_sum_f32_doc},

@@ -696,3 +696,82 @@ def test_cross_entropy_names_a_label_out_of_range_and_writes_nothing(monkeypatch
     assert out == 7.0
     with pytest.raises(gpu_ops.ValidationError, match=f"label {bad} out of range"):
         gpu_ops.cross_entropy(logits.astype(np.float64), labels)
+
+
+@pytest.mark.only_impl("compiled")          # the accelerator's own loop
+@settings(deadline=None, max_examples=200, derandomize=True)
+@given(rows=st.integers(1, 40), classes=st.integers(1, 40), seed=st.integers(0, 2**16),
+       spread=st.sampled_from([0.1, 1.0, 30.0, 1e3]), specials=st.integers(0, 3),
+       log=st.booleans())
+def test_the_fused_softmax_rows_against_float64_and_the_formula(rows, classes, seed, spread, specials,
+                                                                log):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, classes)) * spread).astype(np.float32)
+    for _ in range(specials):
+        x[rng.integers(rows), rng.integers(classes)] = rng.choice(SPECIAL_LOGITS)
+    got = np.full_like(x, 7.0)
+    assert fibers.speedups.softmax_rows_f32(x, got, log) is True
+    with np.errstate(all="ignore"):
+        m = x.max(axis=1, keepdims=True)
+        e = np.exp(x - m)
+        s = e.sum(axis=1, keepdims=True)
+        formula = x - (np.log(s) + m) if log else e / s
+        exact = reference_log_softmax(x, 1)
+        # (beyond float32's range, as both compute it: -3e38 - 3e38 is -inf)
+        exact = (exact if log else np.exp(exact)).astype(np.float32).astype(np.float64)
+    assert np.array_equal(np.isnan(got), np.isnan(formula))
+    # log_softmax is x - lse: its error is a few units in the last place of the row's largest |x|
+    spacing = np.spacing(np.abs(x).max(axis=1, keepdims=True)) if log else np.float32(0)
+    for want in (formula, exact):
+        with np.errstate(invalid="ignore"):         # inf - inf where both are infinite
+            error = np.abs(got.astype(np.float64) - want)
+        bad = (error > 4 * spacing + 3e-6 * np.abs(want) + 3e-7) | (np.isinf(got) & (got != want))
+        assert not bad[~np.isnan(want)].any(), (got[bad][:4], want[bad][:4])
+    inplace = x.copy()
+    assert fibers.speedups.softmax_rows_f32(inplace, inplace, log) is True
+    np.testing.assert_array_equal(inplace, got)
+
+
+@pytest.mark.only_impl("compiled")          # which path gpu_ops takes
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_softmax_rows_take_the_fused_loop_whatever_the_blocks(blocked, name):
+    x = arrays((37, 3, 10), 5)
+    fused = np.empty_like(x)
+    assert fibers.speedups.softmax_rows_f32(x, fused, name == "log_softmax") is True
+    fn = getattr(gpu_ops, name)
+    np.testing.assert_array_equal(fn(x, -1), fused)               # blocks of a few rows
+    np.testing.assert_array_equal(one_call(fn, x, 2), fused)
+    out = x.copy()
+    np.testing.assert_array_equal(fn(out, -1, out), fused)        # in place
+    # what the loop declines takes the formula: another axis, a strided input, float64
+    np.testing.assert_allclose(fn(x.swapaxes(1, 2).copy(), 1).swapaxes(1, 2), fused, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fn(np.repeat(x, 2, axis=2)[..., ::2], -1), fused, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fn(x.astype(np.float64), -1), fused, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.only_impl("compiled")          # the accelerator's own loop
+def test_the_fused_softmax_takes_only_buffers_it_can_and_writes_nothing_otherwise():
+    softmax_rows = fibers.speedups.softmax_rows_f32
+    x = arrays((20, 6), 1)
+    shared = np.zeros(123, np.float32)
+    shared[:120] = x.ravel()
+    frozen = np.empty_like(x)
+    frozen.flags.writeable = False
+    declined = [
+        (x.astype(np.float64), np.empty((20, 6))),
+        (x, np.empty((20, 6), np.float64)),
+        (x[:, ::2], np.empty((20, 3), np.float32)),
+        (x, np.empty((20, 5), np.float32)),
+        (x, np.empty((6, 20), np.float32).T),
+        (shared[:120].reshape(20, 6), shared[3:].reshape(20, 6)),
+        (np.float32(1.0), np.empty((), np.float32)),              # rank 0
+        (np.empty((3, 0), np.float32), np.empty((3, 0), np.float32)),   # no classes
+        (x, frozen),
+    ]
+    for src, dst in declined:
+        before = np.array(dst, copy=True)
+        for log in (False, True):
+            assert softmax_rows(src, dst, log) is NotImplemented
+        np.testing.assert_array_equal(dst, before)
+    with pytest.raises(TypeError):
+        softmax_rows(x, x)
