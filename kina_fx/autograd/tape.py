@@ -309,6 +309,8 @@ def _adoptable(x) -> bool:
 
 def as_input(x: Any) -> Any:
     """A leaf passed to a transform (or watched), as the value its box will hold."""
+    if x.__class__ is _np.ndarray and x.dtype.kind == "f":
+        return x            # the common leaf, as the checks below would return it
     if x.__class__ is Tensor:
         x = _lift(x)
         if x.__class__ is Tensor:
