@@ -296,6 +296,27 @@ short_rows_exp(const float *x, Py_ssize_t count, Py_ssize_t classes, float t[SHO
         }
 }
 
+/* t[class][row] (short_rows_exp's layout) back into ``count`` rows at ``out``. */
+static inline void
+store_short_rows(float *out, float t[SHORT_ROW][16], Py_ssize_t count, Py_ssize_t classes)
+{
+    for (Py_ssize_t k = 0; k < count; k++)
+        for (Py_ssize_t j = 0; j < classes; j++)
+            out[k * classes + j] = t[j][k];
+}
+
+/* The maximum of ``row``; where it is NaN or infinite, the whole row of the
+ * result is NaN (as the formula gives): ``orow`` is filled with it. */
+static inline float
+row_max_else_nan_row(const float *row, float *orow, Py_ssize_t classes)
+{
+    float m = row_max(row, classes);
+    if (!isfinite(m))
+        for (Py_ssize_t i = 0; i < classes; i++)
+            orow[i] = NAN;
+    return m;
+}
+
 /* sum over rows of logsumexp(row) - row[label], in double; NaN for a row
  * whose maximum is NaN or infinite, as the formula gives.  ``scratch``
  * holds one row's exponentials. */
@@ -348,22 +369,16 @@ cross_entropy_grad_rows(const float *x, const int64_t *labels, Py_ssize_t rows, 
                     q = j == label[k] ? q - 1.0f : q;
                     t[j][k] = isfinite(m[k]) ? q * scale : NAN;
                 }
-            float *block = out + r * classes;
-            for (Py_ssize_t k = 0; k < count; k++)
-                for (Py_ssize_t j = 0; j < classes; j++)
-                    block[k * classes + j] = t[j][k];
+            store_short_rows(out + r * classes, t, count, classes);
         }
         return;
     }
     for (Py_ssize_t r = 0; r < rows; r++) {
         const float *row = x + r * classes;
         float *orow = out + r * classes;
-        float m = row_max(row, classes);
-        if (!isfinite(m)) {
-            for (Py_ssize_t i = 0; i < classes; i++)
-                orow[i] = NAN;
+        float m = row_max_else_nan_row(row, orow, classes);
+        if (!isfinite(m))
             continue;
-        }
         float s = shifted_exp(row, orow, classes, m);
         softmax_minus_one_hot(orow, classes, s, (Py_ssize_t)labels[r], scale);
     }
@@ -394,21 +409,16 @@ softmax_rows(const float *x, float *out, Py_ssize_t rows, Py_ssize_t classes, in
             for (Py_ssize_t j = 0; j < classes; j++)
                 for (int k = 0; k < 16; k++)
                     t[j][k] = isfinite(m[k]) ? t[j][k] / s[k] : NAN;
-            for (Py_ssize_t k = 0; k < count; k++)
-                for (Py_ssize_t j = 0; j < classes; j++)
-                    oblock[k * classes + j] = t[j][k];
+            store_short_rows(oblock, t, count, classes);
         }
         return;
     }
     for (Py_ssize_t r = 0; r < rows; r++) {
         const float *row = x + r * classes;
         float *orow = out + r * classes;
-        float m = row_max(row, classes);
-        if (!isfinite(m)) {
-            for (Py_ssize_t i = 0; i < classes; i++)
-                orow[i] = NAN;
+        float m = row_max_else_nan_row(row, orow, classes);
+        if (!isfinite(m))
             continue;
-        }
         if (log) {
             float lse = logf(shifted_exp(row, scratch, classes, m)) + m;
             for (Py_ssize_t i = 0; i < classes; i++)
