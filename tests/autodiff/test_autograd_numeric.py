@@ -205,3 +205,46 @@ def test_every_op_on_real_cupy_matches_numpy(name, data, seed):
             assert isinstance(ours, cp.ndarray), (name, type(ours))
         np.testing.assert_allclose(cp.asnumpy(cp.asarray(ours)), np.asarray(ref),
                                    rtol=1e-10, atol=1e-12)
+
+
+# --- the float32 row loops: softmax, log_softmax, cross_entropy --------------------------
+#
+# On C-contiguous float32 rows the compiled implementation computes these with
+# its own loops (kina_fx/_speedups_c/kernels.c), float64 with NumPy's formula:
+# the float32 values, gradients and second derivatives must be the float64
+# ones to float32's precision.  (Under KINA_FX_PURE_PYTHON=1 both are NumPy.)
+
+ROW_OPS = {
+    "softmax": lambda x, w, y: ad.sum(ad.softmax(x, -1) * w),
+    "log_softmax": lambda x, w, y: ad.sum(ad.log_softmax(x, -1) * w),
+    "cross_entropy": lambda x, w, y: ad.cross_entropy(x * w, y),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROW_OPS))
+@settings(deadline=None, max_examples=40, derandomize=True)
+@given(rows=st.integers(1, 35), classes=st.integers(1, 24), lead=st.sampled_from([(), (2,)]),
+       seed=st.integers(0, 2**16))
+def test_float32_rows_agree_with_float64_to_first_and_second_order(name, rows, classes, lead, seed):
+    rng = np.random.default_rng(seed)
+    shape = lead + (rows, classes)
+    x64 = rng.standard_normal(shape) * 3
+    w64 = rng.uniform(0.5, 1.5, shape)
+    v64 = rng.standard_normal(shape)
+    y = rng.integers(0, classes, lead + (rows,))
+    f = ROW_OPS[name]
+
+    def first_and_second(x, w, v):
+        loss, g = ad.value_and_grad(lambda x: f(x, w, y))(x)
+        hv = ad.grad(lambda x: ad.sum(ad.grad(lambda x: f(x, w, y))(x) * v))(x)
+        return loss, g, hv
+
+    got = first_and_second(x64.astype(np.float32), w64.astype(np.float32), v64.astype(np.float32))
+    x32 = x64.astype(np.float32).astype(np.float64)      # the same inputs, in float64
+    want = first_and_second(x32, w64.astype(np.float32).astype(np.float64),
+                            v64.astype(np.float32).astype(np.float64))
+    for g, w, what in zip(got, want, ("value", "gradient", "Hessian-vector product")):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == np.float32, what
+        scale = max(1.0, float(np.abs(w).max()))
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6 * scale, err_msg=what)
