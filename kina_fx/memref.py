@@ -14,6 +14,9 @@ One function per conversion:
 * :func:`stage`           -- NumPy view of host memory -> CuPy copy + write-back
 * :func:`write_allocation`-- fill a descriptor in place for a new buffer
 * :func:`from_numpy`      -- NumPy array -> unranked memref (for Python callers/tests)
+* :func:`descriptor_of`   -- NumPy/CuPy array -> unranked memref, any FFI's pointers
+* :func:`ranked_descriptor` -- array -> a compiled function's ranked descriptor
+  argument and its identity (the accelerator's one call on NumPy arrays)
 
 plus :class:`ViewCache`, the hot path of the C exports: the view for a
 descriptor's exact bytes is memoised, because building an ndarray costs several
