@@ -456,6 +456,37 @@ def test_a_batch_of_one(mlp, no_leftovers):
         np.testing.assert_allclose(b, w, rtol=1e-5, atol=1e-7, err_msg=name)
 
 
+def _layouts(a):
+    """``a``'s values in other layouts: strided, column-major, reversed twice, at an offset."""
+    spread = np.zeros(tuple(2 * n for n in a.shape), a.dtype)
+    spread[tuple(slice(None, None, 2) for _ in a.shape)] = a
+    return {"strided": spread[tuple(slice(None, None, 2) for _ in a.shape)],
+            "column-major": np.asfortranarray(a),
+            "reversed twice": np.ascontiguousarray(a[::-1])[::-1],
+            "at an offset": np.concatenate([a, a])[len(a):]}
+
+
+@needs_mlir
+@pytest.mark.parametrize("layout", ["strided", "column-major", "reversed twice", "at an offset"])
+def test_ranked_parameters_take_any_layout_untraced_and_traced(mlp, problem, reference, layout,
+                                                               no_leftovers):
+    """A ranked memref<?x?xf32, strided<[?, ?], offset: ?>> parameter gets a
+    descriptor of the array's own memory whatever its layout
+    (memref.ranked_descriptor): fresh views every call give the contiguous
+    arrays' loss and gradients, and the output may be a view too."""
+    x = _layouts(problem.x)[layout]
+    params = [_layouts(q)[layout] for q in problem.params]
+    labels = _layouts(problem.labels)[layout]
+    assert not x.flags.c_contiguous or layout in ("reversed twice", "at an offset")
+    out = np.zeros(3, np.float32)[1:2].reshape(())
+    assert mlp.loss(out, x, labels, *params) is out
+    assert float(out) == pytest.approx(reference.loss, rel=1e-6)
+    value, grads = ad.value_and_grad(lambda *q: mlp.loss(np.zeros((), np.float32), x, labels, *q),
+                                     argnums=(0, 1, 2, 3))(*params)
+    assert float(value) == pytest.approx(reference.loss, rel=1e-6)
+    assert_gradients(grads, reference)
+
+
 @needs_mlir
 def test_unranked_parameters_take_any_rank_and_differentiate(mlp, no_leftovers):
     """The other memref form: an export taking memref<*xf32> gets kina_unranked_memref_t *."""
