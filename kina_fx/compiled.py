@@ -132,17 +132,17 @@ class CompiledFunction:
             return hit[4], hit[5]
         if kind == UNRANKED:
             m = memref.descriptor_of(array)
-            c_arg = m.pointer_for(self.module.ffi)
-            key = m.identity(array.dtype)
-            m.array = None          # the call holds the array, the memo must not
+            c_arg, key = m.pointer_for(self.module.ffi), m.identity(array.dtype)
         else:       # a ranked memref<...> parameter: MLIR passes its descriptor itself
             c_arg, m, key = memref.ranked_descriptor(array, self.module.ffi)
-            if m.__class__ is memref.UnrankedMemref:
-                m.array = None
         try:
             ref = weakref.ref(array)
-        except TypeError:           # not weakly referenceable: not memoised
+        except TypeError:
+            # not weakly referenceable (a NumPy scalar): not memoised, and ``m``
+            # holds the 0-d copy the descriptor points into for the call
             return (c_arg, m), key
+        if getattr(m, "array", None) is array:
+            m.array = None          # the caller holds its array for the call; the memo must not
         if len(self._memrefs) >= 64:
             self._memrefs.clear()
         self._memrefs[id(array)] = (ref, kind, array.shape, array.strides, (c_arg, m), key)

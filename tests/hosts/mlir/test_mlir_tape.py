@@ -513,6 +513,20 @@ def test_compiled_code_updating_a_traced_argument_in_place(mlp, no_leftovers):
 
 
 @needs_mlir
+@pytest.mark.parametrize("x, w", [(3.0, 0.5), (-2.0, 4.0), (0.25, -8.0)])
+def test_numpy_scalar_arguments_are_passed_as_zero_d_copies_held_for_the_call(mlp, x, w, no_leftovers):
+    """A NumPy scalar is not an array (nor weakly referenceable): the call makes
+    a 0-d copy of each and holds it until the call returns, so two scalars get
+    two buffers (freed at once, the second would have reused the first's)."""
+    got = mlp.scale_in_place(np.zeros((), np.float32), np.float32(x), np.float32(w))
+    assert float(got) == x * w
+    value, (gx, gw) = ad.value_and_grad(
+        lambda a, b: mlp.scale_in_place(np.zeros((), np.float32), a, b), argnums=(0, 1))(
+            np.float32(x), np.float32(w))
+    assert (float(value), float(gx), float(gw)) == (x * w, w, x)
+
+
+@needs_mlir
 def test_compiled_loops_clearing_an_argument_after_it_was_read_keep_gradients_right(mlp, no_leftovers):
     """MLIR code (not a runtime op) zeroes x after sum(x * w) read it: the tape
     differentiates the x that was read (its own copy), not the zeros x holds now."""
