@@ -36,6 +36,7 @@ from typing import Any, Callable, NamedTuple, Sequence, Tuple
 import cffi
 import numpy as np
 
+from . import fibers
 from .errors import KinaTypeError, ResourceError, ValidationError
 
 ffi = cffi.FFI()
@@ -568,15 +569,10 @@ def ranked_descriptor(array, foreign_ffi) -> tuple:
             words, key = made
             return foreign_ffi.from_buffer("kina_memref_descriptor_t *", words), words, key
     m = descriptor_of(array)
-    return m.descriptor_pointer_for(foreign_ffi), m, m.identity(np.dtype(array.dtype))
+    return m.descriptor_pointer_for(foreign_ffi), m, m.identity(array.dtype)
 
 
-def _accelerated_ranked_descriptor_words():
-    from . import fibers
-    return getattr(fibers.speedups, "ranked_descriptor_words", None)
-
-
-_ranked_descriptor_words = _accelerated_ranked_descriptor_words()
+_ranked_descriptor_words = getattr(fibers.speedups, "ranked_descriptor_words", None)
 
 
 def array_of(ptr, dtype, name: str = "memref"):
