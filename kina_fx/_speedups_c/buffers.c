@@ -48,13 +48,8 @@ kfx_same_bytes(PyObject *first, PyObject *second)
         same = 0;
     else if (a.buf == b.buf || a.len == 0)
         same = 1;
-    else if (a.len < KFX_RELEASE_GIL_BYTES)
-        same = memcmp(a.buf, b.buf, (size_t)a.len) == 0;
-    else {
-        Py_BEGIN_ALLOW_THREADS
-        same = memcmp(a.buf, b.buf, (size_t)a.len) == 0;
-        Py_END_ALLOW_THREADS
-    }
+    else
+        KFX_WITHOUT_GIL_IF_LONG(a.len, same = memcmp(a.buf, b.buf, (size_t)a.len) == 0);
     PyBuffer_Release(&a);
     PyBuffer_Release(&b);
     return same;
@@ -70,15 +65,8 @@ kfx_copy_bytes(PyObject *first, PyObject *second)
     if (!kfx_two_buffers(first, PyBUF_WRITABLE, second, 0, &dst, &src))
         return KFX_NOT_BUFFERS;
     int same_length = dst.len == src.len;
-    if (same_length && dst.buf != src.buf && dst.len > 0) {
-        if (dst.len < KFX_RELEASE_GIL_BYTES)
-            memmove(dst.buf, src.buf, (size_t)dst.len);
-        else {
-            Py_BEGIN_ALLOW_THREADS
-            memmove(dst.buf, src.buf, (size_t)dst.len);
-            Py_END_ALLOW_THREADS
-        }
-    }
+    if (same_length && dst.buf != src.buf && dst.len > 0)
+        KFX_WITHOUT_GIL_IF_LONG(dst.len, memmove(dst.buf, src.buf, (size_t)dst.len));
     PyBuffer_Release(&dst);
     PyBuffer_Release(&src);
     return same_length ? 1 : KFX_NOT_BUFFERS;

@@ -98,6 +98,15 @@ native_float32(const Py_buffer *view)
     return view->itemsize == 4 && view->format != NULL && strcmp(view->format, "f") == 0;
 }
 
+/* Whether an output buffer may be written from an input one element by
+ * element: the same memory (in place) or none shared. */
+static int
+same_or_apart(const Py_buffer *in, const Py_buffer *out)
+{
+    uintptr_t ib = (uintptr_t)in->buf, ob = (uintptr_t)out->buf;
+    return ib == ob || ib + (uintptr_t)in->len <= ob || ob + (uintptr_t)out->len <= ib;
+}
+
 /* logistic_f32(x, out) */
 static PyObject *
 logistic_into(PyObject *x_obj, PyObject *out_obj)
@@ -105,20 +114,9 @@ logistic_into(PyObject *x_obj, PyObject *out_obj)
     Py_buffer out, x;
     if (!kfx_two_buffers(out_obj, PyBUF_WRITABLE | PyBUF_FORMAT, x_obj, PyBUF_FORMAT, &out, &x))
         Py_RETURN_NOTIMPLEMENTED;
-    /* the same length, and either the same memory (in place) or none shared */
-    uintptr_t xb = (uintptr_t)x.buf, ob = (uintptr_t)out.buf;
-    int apart = xb == ob || xb + (uintptr_t)x.len <= ob || ob + (uintptr_t)out.len <= xb;
-    int ok = native_float32(&x) && native_float32(&out) && x.len == out.len && apart;
-    if (ok) {
-        Py_ssize_t n = x.len / 4;
-        if (x.len < KFX_RELEASE_GIL_BYTES)
-            logistic_loop(x.buf, out.buf, n);
-        else {
-            Py_BEGIN_ALLOW_THREADS
-            logistic_loop(x.buf, out.buf, n);
-            Py_END_ALLOW_THREADS
-        }
-    }
+    int ok = native_float32(&x) && native_float32(&out) && x.len == out.len && same_or_apart(&x, &out);
+    if (ok)
+        KFX_WITHOUT_GIL_IF_LONG(x.len, logistic_loop(x.buf, out.buf, x.len / 4));
     PyBuffer_Release(&x);
     PyBuffer_Release(&out);
     if (!ok)
@@ -468,20 +466,15 @@ cross_entropy_sum(PyObject *logits_obj, PyObject *labels_obj)
     if (!logits_and_labels(logits_obj, labels_obj, &x, &labels, &rows, &classes))
         Py_RETURN_NOTIMPLEMENTED;
     PyObject *result = NULL;
-    float *scratch = PyMem_RawMalloc((size_t)classes * sizeof(float));
-    if (scratch == NULL)
+    /* a row's exponentials, for rows taken one at a time */
+    float *scratch = classes < SHORT_ROW ? NULL : PyMem_RawMalloc((size_t)classes * sizeof(float));
+    if (classes >= SHORT_ROW && scratch == NULL)
         PyErr_NoMemory();
     else if (!labels_in_range(labels.buf, rows, classes))
         result = Py_NewRef(Py_None);
     else {
         double total;
-        if (x.len < KFX_RELEASE_GIL_BYTES)
-            total = cross_entropy_rows(x.buf, labels.buf, rows, classes, scratch);
-        else {
-            Py_BEGIN_ALLOW_THREADS
-            total = cross_entropy_rows(x.buf, labels.buf, rows, classes, scratch);
-            Py_END_ALLOW_THREADS
-        }
+        KFX_WITHOUT_GIL_IF_LONG(x.len, total = cross_entropy_rows(x.buf, labels.buf, rows, classes, scratch));
         result = PyFloat_FromDouble(total);
     }
     PyMem_RawFree(scratch);
@@ -520,22 +513,14 @@ cross_entropy_grad_f32(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
         PyBuffer_Release(&labels);
         Py_RETURN_NOTIMPLEMENTED;
     }
-    /* the same length, and either the same memory (in place) or none shared */
-    uintptr_t xb = (uintptr_t)x.buf, ob = (uintptr_t)out.buf;
-    int apart = xb == ob || xb + (uintptr_t)x.len <= ob || ob + (uintptr_t)out.len <= xb;
     PyObject *result;
-    if (!(native_float32(&out) && out.len == x.len && apart))
+    if (!(native_float32(&out) && out.len == x.len && same_or_apart(&x, &out)))
         result = Py_NewRef(Py_NotImplemented);
     else if (!labels_in_range(labels.buf, rows, classes))
         result = Py_NewRef(Py_None);
     else {
-        if (x.len < KFX_RELEASE_GIL_BYTES)
-            cross_entropy_grad_rows(x.buf, labels.buf, rows, classes, (float)scale, out.buf);
-        else {
-            Py_BEGIN_ALLOW_THREADS
-            cross_entropy_grad_rows(x.buf, labels.buf, rows, classes, (float)scale, out.buf);
-            Py_END_ALLOW_THREADS
-        }
+        KFX_WITHOUT_GIL_IF_LONG(x.len, cross_entropy_grad_rows(x.buf, labels.buf, rows, classes,
+                                                               (float)scale, out.buf));
         result = Py_NewRef(Py_True);
     }
     PyBuffer_Release(&x);
@@ -565,25 +550,19 @@ softmax_rows_f32(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
     Py_buffer out, x;
     if (!kfx_two_buffers(args[1], PyBUF_WRITABLE | PyBUF_FORMAT, args[0], PyBUF_FORMAT, &out, &x))
         Py_RETURN_NOTIMPLEMENTED;
-    uintptr_t xb = (uintptr_t)x.buf, ob = (uintptr_t)out.buf;
-    int apart = xb == ob || xb + (uintptr_t)x.len <= ob || ob + (uintptr_t)out.len <= xb;
-    int ok = native_float32(&x) && native_float32(&out) && x.len == out.len && apart && x.ndim >= 1
-        && x.shape[x.ndim - 1] > 0;
+    int ok = native_float32(&x) && native_float32(&out) && x.len == out.len && same_or_apart(&x, &out)
+        && x.ndim >= 1 && x.shape[x.ndim - 1] > 0;
     PyObject *result = Py_NotImplemented;
     float *scratch = NULL;
     if (ok) {
         Py_ssize_t classes = x.shape[x.ndim - 1], rows = x.len / 4 / classes;
-        scratch = PyMem_RawMalloc((size_t)classes * sizeof(float));
-        if (scratch == NULL)
+        /* log_softmax's exponentials of a row taken alone (softmax's go to out) */
+        int needs_scratch = log && classes >= SHORT_ROW;
+        scratch = needs_scratch ? PyMem_RawMalloc((size_t)classes * sizeof(float)) : NULL;
+        if (needs_scratch && scratch == NULL)
             result = PyErr_NoMemory();
         else {
-            if (x.len < KFX_RELEASE_GIL_BYTES)
-                softmax_rows(x.buf, out.buf, rows, classes, log, scratch);
-            else {
-                Py_BEGIN_ALLOW_THREADS
-                softmax_rows(x.buf, out.buf, rows, classes, log, scratch);
-                Py_END_ALLOW_THREADS
-            }
+            KFX_WITHOUT_GIL_IF_LONG(x.len, softmax_rows(x.buf, out.buf, rows, classes, log, scratch));
             result = Py_True;
         }
     }

@@ -536,6 +536,18 @@ int kfx_two_buffers(PyObject *first, int first_flags, PyObject *second, int seco
                     Py_buffer *a, Py_buffer *b);
 /* Longer memory loops than this release the GIL: other threads (the kernels' pool) go on. */
 #define KFX_RELEASE_GIL_BYTES (1 << 16)
+/* ``statement`` (which touches no Python object) over ``nbytes`` of memory,
+ * without the GIL when that is KFX_RELEASE_GIL_BYTES or more. */
+#define KFX_WITHOUT_GIL_IF_LONG(nbytes, statement)                                           \
+    do {                                                                                   \
+        if ((nbytes) < KFX_RELEASE_GIL_BYTES) {                                            \
+            statement;                                                                     \
+        } else {                                                                           \
+            Py_BEGIN_ALLOW_THREADS                                                         \
+            statement;                                                                     \
+            Py_END_ALLOW_THREADS                                                           \
+        }                                                                                  \
+    } while (0)
 
 /* ---- kernels.c ---------------------------------------------------------- */
 
