@@ -22,14 +22,24 @@
  *
  * The common case, checked before anything is written (else the Python
  * clause runs, and raises whatever it raises):
- *   - the op has a direct NumPy function (runtime_ops.RuntimeOp.direct) and
- *     no parameters, and its primitive records with a binary or elementwise
- *     node (tape.compiled_recording);
+ *   - the op has no parameters, and either
+ *     * a direct NumPy function (runtime_ops.RuntimeOp.direct), its
+ *       primitive recording a binary or elementwise node
+ *       (tape.compiled_recording), and RuntimeOp.calls_direct admitted the
+ *       operands' shapes (a valid call, none of the kernels' special cases):
+ *       the primitive's kernel then computes exactly ``direct(*values)``
+ *       (tests/autodiff/test_tape_compiled_clause.py); or
+ *     * none (the clause is "by kernel"): RuntimeOp.check_output accepts
+ *       the call, as BufferTracer.apply checks it first, and the primitive's
+ *       kernel itself computes the result; an Exception from either declines
+ *       (the Python clause raises it again).  Its node is the binary or
+ *       elementwise one, or else _general_factory's
+ *       ``(rule, i, ids, inputs, (), out, prim)``, a non-differentiable
+ *       input's id -1;
  *   - the tracer is a BufferTracer or MemoryTape, not nested in another;
- *   - every operand is exactly a NumPy array of one floating type, and
- *     RuntimeOp.calls_direct admitted their shapes (a valid call, none of
- *     the kernels' special cases): the primitive's kernel then computes
- *     exactly ``direct(*values)`` (tests/autodiff/test_tape_compiled_clause.py);
+ *   - every operand is exactly a NumPy array: out and each floating input
+ *     of one floating type, each other input of its operand's type (int64
+ *     labels and indices), a constant;
  *   - each input's buffer is known to the tracer and still holds the
  *     recorded bytes (memcmp), and holds a box of one live autograd Tape or a
  *     constant array, whose value is a NumPy array (the result must then
@@ -52,16 +62,20 @@ typedef struct {
     PyObject *spec;           /* the tuple memory._compiled_clause builds (SPEC_*) */
     /* borrowed from spec: */
     PyObject *direct, *admit, *admitted, *effect, *dflt, *prim, *rule, *rule_a, *rule_b;
+    PyObject *diff;              /* the general node's differentiable inputs, or None */
+    PyObject *types;             /* per input: None (out's type) or the dtype string it must have */
     PyObject *tracer_types, *entry_type, *tensor_type, *tape_type, *ndarray, *dtypes;
-    PyObject *identities, *primitives, *name, *op;
+    PyObject *identities, *asarray, *primitives, *name, *op;
     PyObject *last_admitted[3];  /* the identities of the last admitted operands (held) */
     int nin;
+    int by_kernel;               /* direct is the primitive's kernel, admit check_output */
 } KTracerClause;
 
 enum {
-    SPEC_DIRECT, SPEC_ADMIT, SPEC_ADMITTED, SPEC_EFFECT, SPEC_DEFAULT, SPEC_PRIM, SPEC_NIN,
-    SPEC_RULE, SPEC_RULE_A, SPEC_RULE_B, SPEC_TRACER_TYPES, SPEC_ENTRY, SPEC_TENSOR, SPEC_TAPE,
-    SPEC_NDARRAY, SPEC_DTYPES, SPEC_IDENTITIES, SPEC_PRIMITIVES, SPEC_NAME, SPEC_OP, SPEC_SIZE
+    SPEC_DIRECT, SPEC_ADMIT, SPEC_ADMITTED, SPEC_BY_KERNEL, SPEC_EFFECT, SPEC_DEFAULT, SPEC_PRIM,
+    SPEC_NIN, SPEC_RULE, SPEC_RULE_A, SPEC_RULE_B, SPEC_DIFF, SPEC_TYPES, SPEC_TRACER_TYPES,
+    SPEC_ENTRY, SPEC_TENSOR, SPEC_TAPE, SPEC_NDARRAY, SPEC_DTYPES, SPEC_IDENTITIES, SPEC_ASARRAY,
+    SPEC_PRIMITIVES, SPEC_NAME, SPEC_OP, SPEC_SIZE
 };
 
 static PyObject *n_tracer, *n_parent, *n_table, *n_tensor, *n_value, *n_kind, *n_value_,
@@ -69,6 +83,18 @@ static PyObject *n_tracer, *n_parent, *n_table, *n_tensor, *n_value, *n_kind, *n
                 *n_produced, *n_primitive;
 
 #define DECLINE 1          /* fast_call: not the common case, nothing done */
+
+/* With an exception set by the check or the kernel of a clause "by kernel":
+ * DECLINE for an Exception, cleared (the Python clause raises it again),
+ * -1 for anything else (KeyboardInterrupt, SystemExit: it stays set). */
+static int
+decline_on_exception(void)
+{
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return -1;
+    PyErr_Clear();
+    return DECLINE;
+}
 
 /* ``identities.get(id(view))``'s identity when it is ``view``'s (borrowed), else NULL. */
 static PyObject *
@@ -239,7 +265,25 @@ node_of(KTracerClause *c, Py_ssize_t i, PyObject *const *values, const Py_ssize_
     PyObject *index = PyLong_FromSsize_t(i), *node = NULL;
     if (index == NULL)
         return NULL;
-    if (c->nin == 1 || ids[0] < 0 || ids[1] < 0) {   /* one traced input: its id */
+    if (c->diff != Py_None) {                        /* _general_factory's node */
+        PyObject *in_ids = PyTuple_New(c->nin), *inputs = PyTuple_New(c->nin);
+        PyObject *params = in_ids == NULL || inputs == NULL ? NULL : PyTuple_New(0);
+        for (int k = 0; params != NULL && k < c->nin; k++) {
+            PyObject *id = PyLong_FromSsize_t(PyTuple_GET_ITEM(c->diff, k) == Py_True ? ids[k] : -1);
+            if (id == NULL)
+                Py_CLEAR(params);
+            else {
+                PyTuple_SET_ITEM(in_ids, k, id);
+                PyTuple_SET_ITEM(inputs, k, Py_NewRef(values[k]));
+            }
+        }
+        if (params != NULL)
+            node = PyTuple_Pack(7, c->rule, index, in_ids, inputs, params, out, c->prim);
+        Py_XDECREF(in_ids);
+        Py_XDECREF(inputs);
+        Py_XDECREF(params);
+    }
+    else if (c->nin == 1 || ids[0] < 0 || ids[1] < 0) {   /* one traced input: its id */
         int k = c->nin == 1 || ids[0] >= 0 ? 0 : 1;
         PyObject *rule = c->nin == 1 ? c->rule : k == 0 ? c->rule_a : c->rule_b;
         PyObject *id = PyLong_FromSsize_t(ids[k]);
@@ -332,15 +376,25 @@ fast_call(KTracerClause *c, PyObject *const *views, PyObject **result)
         if (!PyTuple_CheckExact(keys[k]) || PyTuple_GET_SIZE(keys[k]) != 4)
             goto release_keys;
         if (k > 0) {
+            PyObject *want = PyTuple_GET_ITEM(c->types, k - 1);
             int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(keys[k], 3),
-                                                PyTuple_GET_ITEM(keys[0], 3), Py_EQ);
+                                                want == Py_None ? PyTuple_GET_ITEM(keys[0], 3) : want,
+                                                Py_EQ);
             if (same <= 0) {
                 status = same;
                 goto release_keys;
             }
         }
     }
-    if (!shapes_admitted(c, views, keys, nin + 1))
+    if (c->by_kernel) {                              /* BufferTracer.apply's check_output */
+        PyObject *checked = PyObject_Vectorcall(c->admit, views, (size_t)(nin + 1), NULL);
+        if (checked == NULL) {
+            status = decline_on_exception();
+            goto release_keys;
+        }
+        Py_DECREF(checked);
+    }
+    else if (!shapes_admitted(c, views, keys, nin + 1))
         goto release_keys;
     status = fast_record(c, views, keys, dtype, result);
 release_keys:
@@ -360,7 +414,7 @@ fast_record(KTracerClause *c, PyObject *const *views, PyObject *const *keys, PyO
     if (tracer == NULL)
         return -1;
     int status = DECLINE;
-    PyObject *table = NULL, *keep[2] = {NULL, NULL}, *r = NULL, *node = NULL, *box = NULL;
+    PyObject *table = NULL, *keep[2] = {NULL, NULL}, *r = NULL, *value = NULL, *node = NULL, *box = NULL;
     PyObject *nodes = NULL, *count = NULL;
     int known = 0;
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(c->tracer_types); k++)
@@ -389,6 +443,10 @@ fast_record(KTracerClause *c, PyObject *const *views, PyObject *const *keys, PyO
         status = read_input(c, table, views[k + 1], keys[k + 1], &tape, &values[k], &ids[k], &keep[k]);
         if (status != 0)
             goto done_key;
+        if (c->diff != Py_None && PyTuple_GET_ITEM(c->diff, k) != Py_True && ids[k] >= 0) {
+            status = DECLINE;                        /* a box as labels or indices */
+            goto done_key;
+        }
     }
     status = DECLINE;
     if (tape == NULL)
@@ -398,20 +456,37 @@ fast_record(KTracerClause *c, PyObject *const *views, PyObject *const *keys, PyO
         status = alone < 0 ? -1 : DECLINE;
         goto done_key;
     }
-    /* The primitive: its kernel is ``direct`` on these values. */
+    /* The primitive: its kernel, or ``direct`` on these values. */
     r = PyObject_Vectorcall(c->direct, values, (size_t)nin, NULL);
     if (r == NULL) {
+        status = c->by_kernel ? decline_on_exception() : -1;
+        goto done_key;
+    }
+    /* What out then holds: the result, or (a kernel's NumPy scalar) the array
+     * of it that BufferTracer.record makes. */
+    if ((PyObject *)Py_TYPE(r) == c->ndarray)
+        value = Py_NewRef(r);
+    else if (c->by_kernel && (value = PyObject_CallOneArg(c->asarray, r)) == NULL) {
         status = -1;
         goto done_key;
     }
-    if ((PyObject *)Py_TYPE(r) != c->ndarray)
+    if (value == NULL || (PyObject *)Py_TYPE(value) != c->ndarray)
         goto done_key;                               /* not what the buffer can hold as is */
-    /* The admitted shapes make its shape out's; its type must be out's too. */
-    PyObject *rdtype = PyObject_GetAttr(r, n_dtype);
+    /* Its type must be out's, and its shape (which admitted shapes imply). */
+    PyObject *rdtype = PyObject_GetAttr(value, n_dtype);
     Py_XDECREF(rdtype);                              /* compared by identity only */
     if (rdtype != dtype) {
         PyErr_Clear();
         goto done_key;
+    }
+    if (c->by_kernel) {
+        PyObject *shape = PyObject_GetAttr(value, n_shape);
+        int same = shape == NULL ? -1 : PyObject_RichCompareBool(shape, PyTuple_GET_ITEM(keys[0], 1), Py_EQ);
+        Py_XDECREF(shape);
+        if (same <= 0) {
+            status = same;
+            goto done_key;
+        }
     }
     /* The Tape's node and box (tape.py's clause) ... */
     status = -1;
@@ -433,10 +508,10 @@ fast_record(KTracerClause *c, PyObject *const *views, PyObject *const *keys, PyO
     if (set < 0 || (box = box_of(c, tape, i, r)) == NULL)
         goto done_key;
     /* ... then BufferTracer.record: the value into out, out's entry. */
-    int copied = kfx_copy_bytes(out, r);
-    if (copied != 1 && PyObject_SetItem(out, Py_Ellipsis, r) < 0)
+    int copied = kfx_copy_bytes(out, value);
+    if (copied != 1 && PyObject_SetItem(out, Py_Ellipsis, value) < 0)
         goto done_key;
-    PyObject *entry = entry_of(c, box, r);
+    PyObject *entry = entry_of(c, box, value);
     if (entry == NULL)
         goto done_key;
     int stored = PyDict_SetItem(table, out_key, entry);
@@ -453,6 +528,7 @@ done:
     Py_XDECREF(box);
     Py_XDECREF(node);
     Py_XDECREF(r);
+    Py_XDECREF(value);
     Py_XDECREF(keep[0]);
     Py_XDECREF(keep[1]);
     Py_XDECREF(table);
@@ -486,12 +562,7 @@ tracer_clause_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!:TracerClause", names, &fallback, &slot,
                                      &PyTuple_Type, &spec))
         return NULL;
-    if (PyTuple_GET_SIZE(spec) != SPEC_SIZE || !PyDict_CheckExact(PyTuple_GET_ITEM(spec, SPEC_ADMITTED))
-            || !PyDict_CheckExact(PyTuple_GET_ITEM(spec, SPEC_IDENTITIES))
-            || !PyDict_CheckExact(PyTuple_GET_ITEM(spec, SPEC_PRIMITIVES))
-            || !PyTuple_CheckExact(PyTuple_GET_ITEM(spec, SPEC_TRACER_TYPES))
-            || !PyTuple_CheckExact(PyTuple_GET_ITEM(spec, SPEC_DTYPES))
-            || !PyCallable_Check(fallback)) {
+    if (PyTuple_GET_SIZE(spec) != SPEC_SIZE) {
         PyErr_SetString(PyExc_TypeError, "TracerClause: a spec as memory._compiled_clause builds it");
         return NULL;
     }
@@ -499,6 +570,22 @@ tracer_clause_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (nin != 1 && nin != 2) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError, "TracerClause: one or two inputs");
+        return NULL;
+    }
+    PyObject *types = PyTuple_GET_ITEM(spec, SPEC_TYPES), *diff = PyTuple_GET_ITEM(spec, SPEC_DIFF);
+    int by_kernel = PyObject_IsTrue(PyTuple_GET_ITEM(spec, SPEC_BY_KERNEL));
+    if (by_kernel < 0)
+        return NULL;
+    if (!PyDict_CheckExact(PyTuple_GET_ITEM(spec, SPEC_ADMITTED))
+            || !PyDict_CheckExact(PyTuple_GET_ITEM(spec, SPEC_IDENTITIES))
+            || !PyDict_CheckExact(PyTuple_GET_ITEM(spec, SPEC_PRIMITIVES))
+            || !PyTuple_CheckExact(PyTuple_GET_ITEM(spec, SPEC_TRACER_TYPES))
+            || !PyTuple_CheckExact(PyTuple_GET_ITEM(spec, SPEC_DTYPES))
+            || !PyTuple_CheckExact(types) || PyTuple_GET_SIZE(types) != nin
+            || (diff != Py_None && (!PyTuple_CheckExact(diff) || PyTuple_GET_SIZE(diff) != nin
+                                    || !by_kernel))
+            || !PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "TracerClause: a spec as memory._compiled_clause builds it");
         return NULL;
     }
     if (n_tracer == NULL) {
@@ -539,6 +626,9 @@ tracer_clause_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     c->rule = ITEM(SPEC_RULE);
     c->rule_a = ITEM(SPEC_RULE_A);
     c->rule_b = ITEM(SPEC_RULE_B);
+    c->diff = ITEM(SPEC_DIFF);
+    c->types = ITEM(SPEC_TYPES);
+    c->asarray = ITEM(SPEC_ASARRAY);
     c->tracer_types = ITEM(SPEC_TRACER_TYPES);
     c->entry_type = ITEM(SPEC_ENTRY);
     c->tensor_type = ITEM(SPEC_TENSOR);
@@ -551,6 +641,7 @@ tracer_clause_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     c->op = ITEM(SPEC_OP);
 #undef ITEM
     c->nin = (int)nin;
+    c->by_kernel = by_kernel;
     if (!PyType_Check(c->entry_type) || !PyType_Check(c->tensor_type) || !PyType_Check(c->tape_type)
             || !PyType_Check(c->ndarray)) {
         Py_DECREF(c);

@@ -343,25 +343,46 @@ _FLOATING = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 def _compiled_clause(op, slot, clause):
     """``clause`` (the reference: ``slot.tracer.apply``) wrapped in its compiled
-    form, which records the common case of a direct op itself
+    form, which records the common case of an op itself
     (``kina_fx/_speedups_c/tape_calls.c`` says which), or None (pure Python,
-    or an op it does not cover)."""
+    or an op it does not cover).
+
+    Two kinds of op are covered.  An op with a direct NumPy function whose
+    primitive records an elementwise or binary node: the clause computes
+    ``direct(*values)`` on the shapes ``calls_direct`` admits.  An op without
+    one (neg, sigmoid, gather, cross_entropy), whose primitive records any
+    node: the clause checks the call as ``apply`` does (``check_output``) and
+    calls the primitive's kernel itself, declining whatever either refuses."""
     make = getattr(fibers.speedups, "TracerClause", None)
-    if (make is None or op.direct is None or op.params or op.primitive in (None, IDENTITY)
+    if (make is None or op.params or op.primitive in (None, IDENTITY)
             or op.primitive_args is not as_given):
         return None
     prim = PRIMITIVES.get(op.primitive)
-    recording = None if prim is None else compiled_recording(prim)
-    if recording is None or recording[0] != len(op.inputs):
+    if prim is None or prim.sequence or prim.nparams or prim.nin != len(op.inputs):
         return None
-    # In the order tape_calls.c's SPEC_* name them: the op's direct function,
-    # its admission and the admitted shapes' memo; the primitive's effect,
-    # default and itself; (inputs, rule, rule_a, rule_b); the types the
-    # clause recognises; the view identities; the registry, the primitive's
-    # name and the op (both compared on every call: a changed table declines).
-    spec = (op.direct, op.calls_direct, {}, prim.effect, prim.effect.default, prim, *recording,
-            (BufferTracer, MemoryTape), _Entry, ad.Tensor, ad.Tape, np.ndarray, _FLOATING,
-            memref.VIEW_IDENTITIES, PRIMITIVES, op.primitive, op)
+    recording = compiled_recording(prim)
+    if op.direct is not None and recording is not None:
+        compute, admit, by_kernel, diff = op.direct, op.calls_direct, False, None
+    else:
+        compute, admit, by_kernel = prim.effect.default, op.check_output, True
+        if recording is None:       # the node _general_factory records: (rule, i, ids, inputs, (), out, prim)
+            recording, diff = (prim.nin, prim.vjp, None, None), prim.diff
+        else:
+            diff = None
+    # Each input's element type: out's (a floating operand) or the operand's own.
+    types = tuple(None if o.differentiable else o.dtype.str for o in op.inputs)
+    # In the order tape_calls.c's SPEC_* name them: the function computing
+    # the primitive's result, the call's admission and the admitted shapes'
+    # memo, whether the result comes from the primitive's kernel (its
+    # refusals decline); the primitive's effect, default and itself;
+    # (inputs, rule, rule_a, rule_b) and the general node's differentiable
+    # inputs (None: an elementwise or binary node); the inputs' types; the
+    # types the clause recognises; the view identities; np.asarray; the
+    # registry, the primitive's name and the op (both compared on every
+    # call: a changed table declines).
+    spec = (compute, admit, {}, by_kernel, prim.effect, prim.effect.default, prim, *recording, diff,
+            types, (BufferTracer, MemoryTape), _Entry, ad.Tensor, ad.Tape, np.ndarray, _FLOATING,
+            memref.VIEW_IDENTITIES, np.asarray, PRIMITIVES, op.primitive, op)
     return make(clause, slot, spec)
 
 

@@ -1,8 +1,10 @@
-"""The compiled tape clause of the direct runtime ops against the Python clause.
+"""The compiled tape clause of the runtime ops against the Python clause.
 
 With the compiled implementation, a tape answers the runtime ops that have a
-direct NumPy function (matmul, add, sub, mul, div, pow, exp, log, tanh, relu) with
-``kina_fx._speedups.TracerClause`` (kina_fx/_speedups_c/tape_calls.c), which
+direct NumPy function (matmul, add, sub, mul, div, pow, exp, log, tanh, relu),
+and those without parameters whose clause calls the primitive's kernel (neg,
+sigmoid, gather, cross_entropy: int64 indices and labels, a rank-0 loss),
+with ``kina_fx._speedups.TracerClause`` (kina_fx/_speedups_c/tape_calls.c), which
 records the common case in C and hands every other call to the Python clause
 (``BufferTracer.apply``).  Here generated programs run through the real
 exports under ``kina_tape_*`` twice, once with the tracers' handlers built
@@ -22,15 +24,17 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from support.abi import Abi
-from support.tapes import F32, LENIENT, OK, STRICT, Tape, free_leftovers, op_status
+from support.tapes import F32, I64, LENIENT, OK, STRICT, Tape, free_leftovers, op_status
 from kina_fx import fibers
-from kina_fx.autograd import memory
+from kina_fx.autograd import Tensor, memory
 from kina_fx.autograd.primitives import PRIMITIVES
 from kina_fx.ffi.tapes import tape_handles
 from kina_fx.handlers import Handler, perform
 from kina_fx.runtime_ops import BY_NAME, RUNTIME_OPS
 
 DIRECT = [op.name for op in RUNTIME_OPS if op.direct is not None]
+BY_KERNEL = ["neg", "sigmoid", "gather", "cross_entropy"]
+COVERED = DIRECT + BY_KERNEL
 BINARY = [name for name in DIRECT if len(BY_NAME[name].inputs) == 2]
 UNARY = [name for name in DIRECT if len(BY_NAME[name].inputs) == 1]
 needs_core = pytest.mark.skipif(fibers.speedups is None, reason="needs the compiled kina_fx._speedups")
@@ -67,22 +71,25 @@ class clauses:
 
 
 def _bits(a):
+    kind = type(a).__name__          # a NumPy scalar (cross_entropy's loss) stays one
     a = np.ascontiguousarray(a)
-    return a.dtype.str, a.shape, a.tobytes()
+    return kind, a.dtype.str, a.shape, a.tobytes()
 
 
 def _node(node):
     rule, i, ids, u, v, out, prim = node
     arrays = u if isinstance(u, tuple) else (u,)
     extra = v if isinstance(v, tuple) else (v,)
-    return (rule, i, ids, tuple(_bits(x) if isinstance(x, np.ndarray) else x for x in arrays),
+    return (rule, i, ids, tuple(_bits(x) if isinstance(x, (np.ndarray, np.generic)) else x for x in arrays),
             tuple(_bits(x) if isinstance(x, np.ndarray) else x for x in extra), _bits(out), prim)
 
 
-# A program: buffers of one shape (or a row for broadcasting), some watched, some
-# constant, then steps: an op into a buffer from buffers, or the host writing
-# a buffer (a later read of it is refused, as an overwrite).
-SHAPES = [(2, 2), (3, 3), (1, 4)]
+# A program: float buffers of one shape (or a row for broadcasting), int64
+# buffers of the first dimension's length (labels, indices; now and then one
+# out of range), rank-0 float buffers (losses), some watched, some constant,
+# then steps: an op into a buffer from buffers of its operands' types, or the
+# host writing a buffer (a later read of it is refused, as an overwrite).
+SHAPES = [(2, 2), (3, 3), (1, 4), (4, 3)]
 
 
 @st.composite
@@ -91,29 +98,65 @@ def programs(draw):
     shape = draw(st.sampled_from(SHAPES))
     flags = draw(st.sampled_from([STRICT, LENIENT]))
     nbuf = draw(st.integers(3, 6))
-    roles = [draw(st.sampled_from(["watch", "constant", "none"])) for _ in range(nbuf)]
+    nint = draw(st.sampled_from([0, 1, 1, 2]))
+    nscalar = draw(st.integers(1 if nint else 0, 2))
+    kinds = ["float"] * nbuf + ["int"] * nint + ["scalar"] * nscalar
+    roles = [draw(st.sampled_from(["constant", "none"] if kind == "int" else ["watch", "constant", "none"]))
+             for kind in kinds]
+    floats = [k for k, kind in enumerate(kinds) if kind != "int"]
+    ints = [k for k, kind in enumerate(kinds) if kind == "int"]
+    names = COVERED if ints else [name for name in COVERED if name not in ("gather", "cross_entropy")]
     steps = []
     for _ in range(draw(st.integers(1, 10))):
         if draw(st.integers(0, 9)) == 0:
-            steps.append(("write", draw(st.integers(0, nbuf - 1))))
+            steps.append(("write", draw(st.integers(0, len(kinds) - 1))))
             continue
-        name = draw(st.sampled_from(DIRECT))
-        out = draw(st.integers(0, nbuf - 1))
-        ins = tuple(draw(st.integers(0, nbuf - 1)) for _ in BY_NAME[name].inputs)
+        name = draw(st.sampled_from(names if draw(st.booleans()) else
+                                    [n for n in BY_KERNEL if n in names]))
+        # mostly a call of the right ranks (a rank-0 loss, arrays in), now and then any
+        arrays = [k for k in floats if kinds[k] == "float"]
+        losses = [k for k in floats if kinds[k] == "scalar"]
+        fitting = draw(st.integers(0, 7)) > 0
+        outs = (losses or floats) if name == "cross_entropy" else arrays
+        out = draw(st.sampled_from(outs if fitting else floats))
+        ins = tuple(draw(st.sampled_from((arrays if fitting else floats) if o.differentiable else ints))
+                    for o in BY_NAME[name].inputs)
         steps.append((name, out, ins))
     row = draw(st.booleans())              # one buffer a row, broadcast by the binary ops
-    return dict(n=n, shape=shape, flags=flags, roles=roles, steps=steps, row=row,
+    return dict(n=n, shape=shape, flags=flags, kinds=kinds, roles=roles, steps=steps, row=row,
                 seed=draw(st.integers(0, 2**16)))
+
+
+def _buffers(program, rng):
+    shape = program["shape"]
+    bufs = []
+    for k, kind in enumerate(program["kinds"]):
+        if kind == "int":           # in range for both gather (rows) and cross_entropy (classes)
+            top = min(shape)
+            ints = rng.integers(0, top, shape[0])
+            if rng.integers(0, 8) == 0:
+                ints[rng.integers(0, shape[0])] = rng.choice([-1, max(shape)])
+            bufs.append(ints.astype(np.int64))
+            continue
+        s = () if kind == "scalar" else (shape[-1],) if program["row"] and k == 0 else shape
+        bufs.append(np.asarray(rng.standard_normal(s) * 1.5 + 0.25, np.float32))
+    return bufs
+
+
+def _held(tape, buffer):
+    """What the tape's table says ``buffer`` holds: its kind, the Tensor's
+    value (as the caller would get it back) and the recorded bytes."""
+    entry = tape.table.get(memory.buffer_key(buffer))
+    if entry is None:
+        return None
+    value = entry.tensor.data if isinstance(entry.tensor, Tensor) else entry.tensor
+    return entry.kind, _bits(value), _bits(entry.value)
 
 
 def _run(abi, program, kind):
     """Statuses, error texts, buffers, gradients and nodes of ``program``."""
     rng = np.random.default_rng(program["seed"])
-    shape = program["shape"]
-    bufs = []
-    for k, _ in enumerate(program["roles"]):
-        s = (shape[-1],) if program["row"] and k == 0 else shape
-        bufs.append((rng.standard_normal(s) * 1.5 + 0.25).astype(np.float32))
+    bufs = _buffers(program, rng)
     seen = []
 
     def text(status):           # the error text, buffers named by index, not address
@@ -125,11 +168,11 @@ def _run(abi, program, kind):
         t = Tape(abi, program["flags"])
         for b, role in zip(bufs, program["roles"]):
             if role != "none":
-                seen.append(("role", t.call("kina_tape_" + role, b, F32)))
+                seen.append(("role", t.call("kina_tape_" + role, b, I64 if b.dtype == np.int64 else F32)))
         last = None
         for step in program["steps"]:
             if step[0] == "write":
-                bufs[step[1]][...] += 1.0
+                bufs[step[1]][...] += 1
                 continue
             name, out, ins = step
             status = op_status(abi, name, bufs[out], *[bufs[i] for i in ins])
@@ -139,6 +182,7 @@ def _run(abi, program, kind):
         tape = tape_handles.get(t.handle)
         t.end()
         nodes = [_node(n) for n in tape.tape._nodes]
+        nodes += [_held(tape, b) for b in bufs]
         grads = []
         if last is not None:
             seed = np.ones_like(bufs[last])
@@ -167,18 +211,58 @@ def test_the_compiled_clause_records_what_the_python_clause_records(abi, program
         assert compiled[3] == python[3]          # nodes
 
 
+@st.composite
+def loss_programs(draw):
+    """A training step's shape: z = x @ w, then loss = cross_entropy(z, labels)
+    (and again), the labels constant or unknown, now and then out of range or
+    rewritten by the host between the steps; w may be a constant too."""
+    n = draw(st.sampled_from([2, 3, 4]))
+    kinds = ["float", "float", "float", "int", "scalar"]      # w, x, z, labels, loss
+    roles = [draw(st.sampled_from(["watch", "watch", "constant"])), "constant", "none",
+             draw(st.sampled_from(["constant", "constant", "none"])), "none"]
+    steps = [("matmul", 2, (1, 0)), ("cross_entropy", 4, (2, 3))]
+    if draw(st.booleans()):
+        between = draw(st.sampled_from([[], [("write", 3)], [("write", 2)], [("write", 0)]]))
+        steps += between + [("matmul", 2, (1, 0)), ("cross_entropy", 4, (2, 3))]
+    return dict(n=1, shape=(n, n), flags=draw(st.sampled_from([STRICT, LENIENT])), kinds=kinds,
+                roles=roles, steps=steps, row=False, seed=draw(st.integers(0, 2**16)))
+
+
 @needs_core
-@pytest.mark.parametrize("name", DIRECT)
+@settings(deadline=None, max_examples=40, derandomize=True)
+@given(program=loss_programs())
+def test_a_loss_step_records_what_the_python_clause_records(abi, program):
+    compiled = _run(abi, program, "compiled")
+    python = _run(abi, program, "python")
+    assert compiled == python
+
+
+def _operands(name, rng):
+    """``(out, inputs)`` of a valid call of ``name`` on 3 x 3 floats (and int64 labels/indices)."""
+    op = BY_NAME[name]
+    ins = [(np.abs(rng.standard_normal((3, 3))) + 0.5).astype(np.float32) if o.differentiable
+           else rng.integers(0, 3, 3).astype(np.int64) for o in op.inputs]
+    out = np.zeros(() if name == "cross_entropy" else (3, 3), np.float32)
+    return out, ins
+
+
+@needs_core
+def test_the_ops_the_compiled_clause_covers():
+    slot = memory._Slot()
+    covered = [op.name for op in RUNTIME_OPS if memory._compiled_clause(op, slot, print) is not None]
+    assert sorted(covered) == sorted(COVERED)
+
+
+@needs_core
+@pytest.mark.parametrize("name", COVERED)
 def test_the_compiled_clause_takes_the_common_case(abi, name):
     """From the second call of the same operands on, no Python function of
     the tracer runs: the compiled clause recorded the call itself."""
-    op = BY_NAME[name]
-    rng = np.random.default_rng(1)
-    ins = [(np.abs(rng.standard_normal((3, 3))) + 0.5).astype(np.float32) for _ in op.inputs]
-    out = np.zeros((3, 3), np.float32)
+    out, ins = _operands(name, np.random.default_rng(1))
     t = Tape(abi)
     for a in ins:
-        assert t.call("kina_tape_watch", a, F32) == OK
+        assert t.call("kina_tape_" + ("watch" if a.dtype == np.float32 else "constant"), a,
+                      F32 if a.dtype == np.float32 else I64) == OK
     assert op_status(abi, name, out, *ins) == OK
     seen = []
 
