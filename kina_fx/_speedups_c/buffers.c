@@ -195,10 +195,154 @@ PyDoc_STRVAR(ranked_descriptor_words_doc,
 "NotImplemented for an object without a strided buffer, of rank above 64, or\n"
 "with a stride that is not a multiple of the item size.");
 
+/* ---- a NumPy view over a ranked memref descriptor --------------------------
+ *
+ * Transcribes ViewCache._miss for the common case (memref._decode,
+ * _extent, numpy_view and _descriptor_identity, whose Python forms stay the
+ * reference): a runtime op's export makes a view of every buffer it has not
+ * seen, a training loop's fresh batch and labels each step, and the Python
+ * form costs 6 us a view, twice that with the caches a step leaves.  Anything
+ * else -- an empty or over-large memref, a null data pointer, addresses
+ * outside the address space, an output whose layout is not plainly distinct
+ * -- is declined, and the Python form raises its ValidationError. */
+
+/* The byte range [*lo, *lo + *span) the view covers, and its first element at
+ * *start bytes into it: 1, or 0 when the descriptor is not the common case. */
+static int
+view_extent(uint64_t aligned, int64_t offset, const int64_t *sizes, const int64_t *strides,
+            Py_ssize_t rank, int64_t item, uint64_t *lo, uint64_t *span, uint64_t *start)
+{
+    int64_t bytes = item, low = offset, high = offset, step;
+    if (aligned == 0)
+        return 0;
+    for (Py_ssize_t d = 0; d < rank; d++) {
+        if (sizes[d] <= 0 || __builtin_mul_overflow(bytes, sizes[d], &bytes)
+                || __builtin_mul_overflow(sizes[d] - 1, strides[d], &step)
+                || __builtin_add_overflow(step < 0 ? low : high, step, step < 0 ? &low : &high))
+            return 0;
+    }
+    int64_t low_bytes, end_bytes, offset_bytes;
+    if (__builtin_mul_overflow(low, item, &low_bytes) || __builtin_add_overflow(high, 1, &high)
+            || __builtin_mul_overflow(high, item, &end_bytes)
+            || __builtin_mul_overflow(offset, item, &offset_bytes))
+        return 0;
+    /* addresses as unsigned 64-bit, the range inside [0, 2^64) and under 2^63 bytes long */
+    if ((low_bytes < 0 && (uint64_t)(-low_bytes) > aligned)
+            || (end_bytes > 0 && (uint64_t)end_bytes > UINT64_MAX - aligned))
+        return 0;
+    *lo = aligned + (uint64_t)low_bytes;
+    uint64_t hi = aligned + (uint64_t)end_bytes;
+    if (hi <= *lo || hi - *lo > (uint64_t)INT64_MAX)
+        return 0;
+    *span = hi - *lo;
+    *start = (uint64_t)(offset_bytes - low_bytes);    /* in [0, span): the extent holds element 0 */
+    return 1;
+}
+
+/* Whether an output's elements are distinct by the simplest argument: in
+ * dimension order, each dimension of length > 1 steps forward by more than
+ * everything after it spans (row-major, and every stepped row-major layout).
+ * Others (column-major, reversed, permuted) go to check_output_layout. */
+static int
+plainly_distinct(const int64_t *sizes, const int64_t *strides, Py_ssize_t rank)
+{
+    int64_t span = 0;
+    for (Py_ssize_t d = rank - 1; d >= 0; d--) {
+        if (sizes[d] == 1)
+            continue;
+        if (strides[d] <= span)
+            return 0;
+        if (__builtin_mul_overflow(strides[d], sizes[d] - 1, &span))
+            return 0;
+    }
+    return 1;
+}
+
+/* view_of_descriptor(raw, rank, spec): spec = (ndarray, dtype, itemsize, dtype_str, output) */
+static PyObject *
+view_of_descriptor(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyBytes_CheckExact(args[0]) || !PyTuple_CheckExact(args[2])
+            || PyTuple_GET_SIZE(args[2]) != 5)
+        return PyErr_Format(PyExc_TypeError, "view_of_descriptor(raw, rank, spec)");
+    Py_ssize_t rank = PyLong_AsSsize_t(args[1]);
+    if (rank == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *ndarray = PyTuple_GET_ITEM(args[2], 0), *dtype = PyTuple_GET_ITEM(args[2], 1);
+    int64_t item = PyLong_AsLongLong(PyTuple_GET_ITEM(args[2], 2));
+    int output = PyObject_IsTrue(PyTuple_GET_ITEM(args[2], 4));
+    if ((item == -1 && PyErr_Occurred()) || output < 0)
+        return NULL;
+    if (rank < 0 || rank > 32 || item <= 0
+            || PyBytes_GET_SIZE(args[0]) != (Py_ssize_t)((3 + 2 * rank) * sizeof(int64_t)))
+        Py_RETURN_NOTIMPLEMENTED;
+    int64_t w[3 + 2 * 32];
+    memcpy(w, PyBytes_AS_STRING(args[0]), (size_t)PyBytes_GET_SIZE(args[0]));
+    const int64_t *sizes = w + 3, *strides = w + 3 + rank;
+    uint64_t aligned = (uint64_t)w[1], lo, span, start;
+    if (!view_extent(aligned, w[2], sizes, strides, rank, item, &lo, &span, &start)
+            || (output && !plainly_distinct(sizes, strides, rank)))
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *shape = PyTuple_New(rank), *byte_strides = PyTuple_New(rank);
+    PyObject *key_strides = PyTuple_New(rank), *memory = NULL, *view = NULL, *result = NULL;
+    if (shape == NULL || byte_strides == NULL || key_strides == NULL)
+        goto done;
+    for (Py_ssize_t d = 0; d < rank; d++) {
+        /* a length-1 dimension's stride never moves: 0, in the view and the identity */
+        int64_t stride = sizes[d] == 1 ? 0 : strides[d];
+        PyObject *n = PyLong_FromLongLong(sizes[d]), *b = PyLong_FromLongLong(stride * item);
+        PyObject *k = PyLong_FromLongLong(stride);
+        if (n == NULL || b == NULL || k == NULL) {
+            Py_XDECREF(n);
+            Py_XDECREF(b);
+            Py_XDECREF(k);
+            goto done;
+        }
+        PyTuple_SET_ITEM(shape, d, n);
+        PyTuple_SET_ITEM(byte_strides, d, b);
+        PyTuple_SET_ITEM(key_strides, d, k);
+    }
+    memory = PyMemoryView_FromMemory((char *)(uintptr_t)lo, (Py_ssize_t)span, PyBUF_WRITE);
+    if (memory == NULL)
+        goto done;
+    PyObject *offset = PyLong_FromUnsignedLongLong(start);
+    if (offset == NULL)
+        goto done;
+    PyObject *call[5] = {shape, dtype, memory, offset, byte_strides};
+    view = PyObject_Vectorcall(ndarray, call, 5, NULL);
+    Py_DECREF(offset);
+    if (view == NULL)
+        goto done;
+    PyObject *key = Py_BuildValue("(KOOO)", (unsigned long long)(lo + start), shape, key_strides,
+                                  PyTuple_GET_ITEM(args[2], 3));
+    if (key != NULL) {
+        result = PyTuple_Pack(2, view, key);
+        Py_DECREF(key);
+    }
+done:
+    Py_XDECREF(shape);
+    Py_XDECREF(byte_strides);
+    Py_XDECREF(key_strides);
+    Py_XDECREF(memory);
+    Py_XDECREF(view);
+    return result;
+}
+
+PyDoc_STRVAR(view_of_descriptor_doc,
+"view_of_descriptor(raw, rank, spec)\n--\n\n"
+"(view, identity) of the ranked memref descriptor whose bytes are ``raw``:\n"
+"view a writable ndarray over its memory (spec = (numpy.ndarray, dtype,\n"
+"itemsize, dtype.str, output)), identity memref.identity's tuple.\n"
+"NotImplemented for an empty or over-large memref, a null data pointer,\n"
+"addresses outside the address space, or an output whose layout is not\n"
+"plainly distinct: memref.ViewCache's Python form decides those.");
+
 PyMethodDef kfx_buffers_methods[] = {
     {"same_bytes", (PyCFunction)(void (*)(void))same_bytes, METH_FASTCALL, same_bytes_doc},
     {"copy_bytes", (PyCFunction)(void (*)(void))copy_bytes, METH_FASTCALL, copy_bytes_doc},
     {"ranked_descriptor_words", (PyCFunction)(void (*)(void))ranked_descriptor_words, METH_FASTCALL,
      ranked_descriptor_words_doc},
+    {"view_of_descriptor", (PyCFunction)(void (*)(void))view_of_descriptor, METH_FASTCALL,
+     view_of_descriptor_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -181,3 +181,82 @@ def test_a_ranked_descriptor_of_what_the_accelerator_declines_is_descriptor_ofs(
     misaligned = np.ndarray((2,), np.int32, np.zeros(16, np.uint8), 1, (6,))   # 6-byte strides
     with pytest.raises(ValidationError, match="multiple of the item size"):
         memref.ranked_descriptor(misaligned, _RANKED_FFI)
+
+
+# ---- ViewCache's miss: the accelerator's view against the Python form -----------------
+
+_INT64 = st.integers(-(2**63), 2**63 - 1)
+
+
+@st.composite
+def descriptor_words(draw):
+    """Descriptor words of rank 0-4 and what a view of them needs: mostly
+    plausible (a real address, small sizes, strides of any sign, zero
+    included), now and then anything int64 words can say."""
+    rank = draw(st.integers(0, 4))
+    wild = draw(st.integers(0, 5)) == 0
+    number = _INT64 if wild else st.integers(-6, 6)
+    sizes = [draw(_INT64 if wild else st.integers(0, 5)) for _ in range(rank)]
+    strides = [draw(number) for _ in range(rank)]
+    aligned = draw(st.sampled_from([0, 1 << 20, (1 << 40) + 64, 2**63 - 64, -64]) if wild
+                   else st.just(1 << 32))
+    offset = draw(number if wild else st.integers(0, 40))
+    return rank, [aligned, aligned, offset, *sizes, *strides]
+
+
+def _python_view(cache, rank, raw):
+    """ViewCache._miss's Python form: (view, identity), or the exception it raises."""
+    try:
+        d = memref._decode(rank, raw, "x")
+        if cache.output:
+            memref.check_output_layout(d, "x")
+        return memref.numpy_view(d, cache.dtype, "x"), memref._descriptor_identity(d, cache.dtype)
+    except (ValidationError, ResourceError) as error:
+        return error
+
+
+@pytest.mark.only_impl("compiled")
+@settings(max_examples=400, deadline=None)
+@given(descriptor_words(), st.sampled_from([np.float32, np.float16, np.int64]), st.booleans())
+def test_the_accelerators_view_is_the_python_forms(words, dtype, output):
+    """Where the accelerator makes the view, the Python form makes the same one
+    (shape, strides, address, type, writable) with the same identity; what
+    the Python form refuses the accelerator declines, never a view."""
+    import struct
+
+    rank, w = words
+    raw = struct.pack(f"<{len(w)}q", *w)
+    cache = memref.ViewCache(dtype, output=output)
+    made = memref._view_of_descriptor(raw, rank, cache._spec)
+    expected = _python_view(cache, rank, raw)
+    if made is NotImplemented:
+        return
+    assert not isinstance(expected, Exception), expected
+    (view, identity), (reference, reference_identity) = made, expected
+    assert type(view) is np.ndarray and view.dtype == reference.dtype
+    assert view.shape == reference.shape and view.strides == reference.strides
+    assert view.__array_interface__["data"] == reference.__array_interface__["data"]
+    assert view.flags.writeable
+    assert identity == reference_identity and identity == memref._identity_of(view)
+
+
+@pytest.mark.only_impl("compiled")
+@settings(max_examples=100, deadline=None)
+@given(strided_arrays(), st.booleans())
+def test_the_accelerator_views_real_arrays_and_row_major_outputs(arr, output):
+    """The common case is taken: any non-empty input, and an output laid out
+    row-major (stepped or not); the view is the array's memory, and writes
+    through it land in the array."""
+    m = memref.from_numpy(arr)
+    raw = bytes(memref._buffer(m.struct.descriptor, memref.DESCRIPTOR_BYTES[arr.ndim]))
+    cache = memref.ViewCache(arr.dtype, output=output)
+    made = memref._view_of_descriptor(raw, arr.ndim, cache._spec)
+    row_major = all(s > 0 for s in arr.strides) and arr.strides == tuple(sorted(arr.strides, reverse=True))
+    if output and not row_major:
+        return                         # the Python form checks these layouts
+    assert made is not NotImplemented
+    view, identity = made
+    np.testing.assert_array_equal(view, arr)
+    assert identity == memref.identity(arr)
+    view.flat[-1] = 3
+    assert arr.flat[-1] == 3
