@@ -54,6 +54,11 @@ from . import memref
 from .errors import exception_for
 from .gpu_ops import array_module
 from .autograd.memory import BufferTracer
+from .fibers import speedups as _speedups
+
+#: memmove of one C-contiguous buffer into another (NotImplemented for
+#: others), or None (pure Python): a traced argument's copy.
+_copy_bytes = getattr(_speedups, "copy_bytes", None)
 
 __all__ = ["load", "CompiledModule", "CompiledFunction"]
 
@@ -151,14 +156,20 @@ class CompiledFunction:
     def _spare_copy(self, array):
         # A copy of a traced argument for the compiled code to work on, in a
         # reused buffer: a fresh one costs page faults on every call.
-        spares = self._snapshots.get((array.shape, array.dtype.str))
-        copy = spares.pop() if spares else array_module(array).empty(array.shape, array.dtype)
-        array_module(array).copyto(copy, array)
+        spares = self._snapshots.get((array.shape, array.dtype))
+        if array.__class__ is np.ndarray:
+            copy = spares.pop() if spares else np.empty(array.shape, array.dtype)
+            if _copy_bytes is None or _copy_bytes(copy, array) is NotImplemented:
+                np.copyto(copy, array)          # a strided argument
+            return copy
+        xp = array_module(array)
+        copy = spares.pop() if spares else xp.empty(array.shape, array.dtype)
+        xp.copyto(copy, array)
         return copy
 
     def _release(self, snapshots):
         for copy in snapshots:
-            spares = self._snapshots.setdefault((copy.shape, copy.dtype.str), [])
+            spares = self._snapshots.setdefault((copy.shape, copy.dtype), [])
             if len(spares) < 4:
                 spares.append(copy)
 
