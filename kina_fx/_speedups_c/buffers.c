@@ -241,8 +241,9 @@ view_extent(uint64_t aligned, int64_t offset, const int64_t *sizes, const int64_
 
 /* Whether an output's elements are distinct by the simplest argument: in
  * dimension order, each dimension of length > 1 steps forward by more than
- * everything after it spans (row-major, and every stepped row-major layout).
- * Others (column-major, reversed, permuted) go to check_output_layout. */
+ * all the dimensions after it span together (row-major, and every stepped
+ * row-major layout).  Others (column-major, reversed, permuted) go to
+ * check_output_layout. */
 static int
 plainly_distinct(const int64_t *sizes, const int64_t *strides, Py_ssize_t rank)
 {
@@ -250,9 +251,9 @@ plainly_distinct(const int64_t *sizes, const int64_t *strides, Py_ssize_t rank)
     for (Py_ssize_t d = rank - 1; d >= 0; d--) {
         if (sizes[d] == 1)
             continue;
-        if (strides[d] <= span)
-            return 0;
-        if (__builtin_mul_overflow(strides[d], sizes[d] - 1, &span))
+        int64_t reach;
+        if (strides[d] <= span || __builtin_mul_overflow(strides[d], sizes[d] - 1, &reach)
+                || __builtin_add_overflow(span, reach, &span))
             return 0;
     }
     return 1;

@@ -260,3 +260,28 @@ def test_the_accelerator_views_real_arrays_and_row_major_outputs(arr, output):
     assert identity == memref.identity(arr)
     view.flat[-1] = 3
     assert arr.flat[-1] == 3
+
+
+@pytest.mark.only_impl("compiled")
+@pytest.mark.parametrize("rank", [2, 3])
+def test_the_accelerator_declines_every_output_layout_the_python_form_refuses(rank):
+    """Every layout of small sizes and strides (0-4, and -1), as an output: the
+    accelerator makes a view only where check_output_layout accepts it, and
+    takes every row-major one.  (A first version summed the dimensions' spans
+    wrongly and took sizes (2, 2, 2), strides (3, 2, 1), which puts two
+    indices on one element; the fuzzer found it.)"""
+    import itertools
+    import struct
+
+    cache = memref.ViewCache(np.float32, output=True)
+    for sizes in itertools.product([1, 2, 3], repeat=rank):
+        for strides in itertools.product([-1, 0, 1, 2, 3, 4], repeat=rank):
+            raw = struct.pack(f"<{3 + 2 * rank}q", 1 << 32, 1 << 32, 8, *sizes, *strides)
+            made = memref._view_of_descriptor(raw, rank, cache._spec)
+            expected = _python_view(cache, rank, raw)
+            if made is not NotImplemented:
+                assert not isinstance(expected, Exception), (sizes, strides, expected)
+            row_major = all(st == int(np.prod(sizes[d + 1:])) or n == 1
+                            for d, (n, st) in enumerate(zip(sizes, strides)))
+            if row_major:
+                assert made is not NotImplemented, (sizes, strides)
