@@ -117,6 +117,20 @@ KFX_FASTCALL2(copy_bytes, copy_into)
  * interface's dict, two cffi allocations, the words read back for the
  * identity) cost 5 us, three times that with the caches a step leaves. */
 
+/* ``(first, identity)``, identity memref.identity's tuple: (the address of
+ * the first element, the shape, the strides in elements, the dtype string). */
+static PyObject *
+with_identity(PyObject *first, unsigned long long address, PyObject *shape, PyObject *strides,
+              PyObject *dtype_str)
+{
+    PyObject *key = Py_BuildValue("(KOOO)", address, shape, strides, dtype_str);
+    if (key == NULL)
+        return NULL;
+    PyObject *pair = PyTuple_Pack(2, first, key);
+    Py_DECREF(key);
+    return pair;
+}
+
 /* ranked_descriptor_words(array, strides, dtype_str) */
 static PyObject *
 ranked_descriptor_words(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
@@ -173,11 +187,8 @@ ranked_descriptor_words(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
         PyTuple_SET_ITEM(shape, d, n);
         PyTuple_SET_ITEM(strides, d, st);
     }
-    PyObject *key = Py_BuildValue("(LOOO)", empty ? 0LL : (long long)address, shape, strides, args[2]);
-    if (key != NULL) {
-        result = PyTuple_Pack(2, words, key);
-        Py_DECREF(key);
-    }
+    result = with_identity(words, empty ? 0 : (unsigned long long)(uintptr_t)v.buf, shape, strides,
+                           args[2]);
 done:
     Py_XDECREF(words);
     Py_XDECREF(shape);
@@ -314,12 +325,8 @@ view_of_descriptor(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
     Py_DECREF(offset);
     if (view == NULL)
         goto done;
-    PyObject *key = Py_BuildValue("(KOOO)", (unsigned long long)(lo + start), shape, key_strides,
-                                  PyTuple_GET_ITEM(args[2], 3));
-    if (key != NULL) {
-        result = PyTuple_Pack(2, view, key);
-        Py_DECREF(key);
-    }
+    result = with_identity(view, (unsigned long long)(lo + start), shape, key_strides,
+                           PyTuple_GET_ITEM(args[2], 3));
 done:
     Py_XDECREF(shape);
     Py_XDECREF(byte_strides);
