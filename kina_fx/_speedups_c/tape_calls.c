@@ -381,7 +381,7 @@ fast_call(KTracerClause *c, PyObject *const *views, PyObject **result)
                                                 want == Py_None ? PyTuple_GET_ITEM(keys[0], 3) : want,
                                                 Py_EQ);
             if (same <= 0) {
-                status = same;
+                status = same < 0 ? -1 : DECLINE;
                 goto release_keys;
             }
         }
@@ -484,7 +484,7 @@ fast_record(KTracerClause *c, PyObject *const *views, PyObject *const *keys, PyO
         int same = shape == NULL ? -1 : PyObject_RichCompareBool(shape, PyTuple_GET_ITEM(keys[0], 1), Py_EQ);
         Py_XDECREF(shape);
         if (same <= 0) {
-            status = same;
+            status = same < 0 ? -1 : DECLINE;
             goto done_key;
         }
     }

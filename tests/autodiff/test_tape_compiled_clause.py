@@ -416,3 +416,42 @@ def test_a_training_loop_on_the_same_buffers_gets_each_steps_gradient(abi):
         t.free()
         expected = x.T @ (2 * (x @ w))
         np.testing.assert_allclose(g, expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_core
+@pytest.mark.parametrize("name, make", [
+    ("add", lambda: (np.zeros((2, 2), np.float32), np.ones((2, 2), np.float64), np.ones((2, 2), np.float32))),
+    ("cross_entropy", lambda: (np.zeros((), np.float32), np.ones((2, 3), np.float32),
+                               np.array([0, 1], np.int32))),
+])
+def test_operands_of_another_type_than_the_exports_are_declined(name, make):
+    """The exports' views always have their operands' types; an effect
+    performed from Python on views of other types (registered as the
+    exports register theirs) is the Python clause's, with its result, not
+    an error of the compiled clause."""
+    from kina_fx import memref
+    from kina_fx.autograd import Tape as AdTape
+
+    results = {}
+    for kind in ("compiled", "python"):
+        with clauses(kind):
+            out, a, b = make()
+            for view in (out, a, b):
+                memref.VIEW_IDENTITIES[id(view)] = (view, memref.identity(view))
+            try:
+                with AdTape() as t:
+                    boxed = t.watch(a)
+                    tracer = memory.BufferTracer(strict=False)
+                    tracer.bind(a, boxed, a)
+                    tracer.declare_constant(b)
+                    tracer.start()
+                    try:
+                        perform(BY_NAME[name].effect, out, a, b)
+                    finally:
+                        tracer.stop()
+                    g = t.gradient(tracer.produced(out, "out"), boxed)
+            finally:
+                for view in (out, a, b):
+                    memref.VIEW_IDENTITIES.pop(id(view), None)
+            results[kind] = (_bits(out), _bits(g))
+    assert results["compiled"] == results["python"]
