@@ -185,6 +185,10 @@ def _extent(d: Descriptor, itemsize: int, name: str):
     hi_addr = aligned + (high + 1) * itemsize
     if lo_addr < 0 or hi_addr > _ADDR_LIMIT or hi_addr - lo_addr > _INT64_MAX:
         raise ValidationError(f"{name}: offset/strides address memory outside the address space")
+    if lo_addr == 0:
+        # NumPy takes a buffer at address 0 for none and allocates its own:
+        # the view would silently be of other memory.
+        raise ValidationError(f"{name}: offset/strides reach address 0 (a null pointer)")
     return lo_addr, hi_addr - lo_addr, (aligned + offset * itemsize) - lo_addr
 
 

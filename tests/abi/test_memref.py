@@ -285,3 +285,18 @@ def test_the_accelerator_declines_every_output_layout_the_python_form_refuses(ra
                             for d, (n, st) in enumerate(zip(sizes, strides)))
             if row_major:
                 assert made is not NotImplemented, (sizes, strides)
+
+
+@pytest.mark.parametrize("output", [False, True])
+def test_a_view_reaching_address_zero_is_refused(output):
+    """aligned 8, offset -2 (float32): the first element at address 0.  NumPy
+    takes a buffer at address 0 for none and allocates memory of its own, so
+    the view would silently be of other memory: refused by the Python form,
+    declined by the accelerator."""
+    import struct
+
+    raw = struct.pack("<5q", 8, 8, -2, 2, 1)
+    cache = memref.ViewCache(np.float32, output=output)
+    assert isinstance(_python_view(cache, 1, raw), ValidationError)
+    if memref._view_of_descriptor is not None:
+        assert memref._view_of_descriptor(raw, 1, cache._spec) is NotImplemented
