@@ -198,9 +198,9 @@ def descriptor_words(draw):
     number = _INT64 if wild else st.integers(-6, 6)
     sizes = [draw(_INT64 if wild else st.integers(0, 5)) for _ in range(rank)]
     strides = [draw(number) for _ in range(rank)]
-    aligned = draw(st.sampled_from([0, 1 << 20, (1 << 40) + 64, 2**63 - 64, -64]) if wild
-                   else st.just(1 << 32))
-    offset = draw(number if wild else st.integers(0, 40))
+    aligned = draw(st.sampled_from([0, 8, 64, 1 << 20, (1 << 40) + 64, 2**63 - 64, -64]) if wild
+                   else st.sampled_from([1 << 32, 1 << 32, 1 << 32, 8, 16]))   # near 0: see address 0
+    offset = draw(number if wild else st.integers(-8, 40))
     return rank, [aligned, aligned, offset, *sizes, *strides]
 
 
