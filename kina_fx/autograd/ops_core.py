@@ -287,6 +287,16 @@ def _promote_for_matmul(o, g, a, b):
     return g, a, b
 
 
+def _matrices(g, a, b) -> bool:
+    """Whether a product's cotangent and operands are all 2-D NumPy arrays:
+    then its rules below compute ``g @ b.T`` and ``a.T @ g`` through the
+    kernels (no promotion, no broadcasting to undo), which the fast path
+    computes without them."""
+    nd = np.ndarray
+    return (g.__class__ is nd and a.__class__ is nd and b.__class__ is nd
+            and g.ndim == 2 and a.ndim == 2 and b.ndim == 2)
+
+
 @op(numpy=np.matmul, operator="matmul", sample=_sample_matmul,
     reference=lambda np, a, b: np.matmul(a, b))
 class matmul:
@@ -296,6 +306,8 @@ class matmul:
         return gpu_ops.matmul(a, b)     # its shape rule, gpu_ops.matmul_shape, refuses scalars
 
     def vjp_a(o, g, out, a, b):
+        if o is kernels and _matrices(g, a, b):
+            return g @ b.T              # first order on 2-D arrays: what the rest comes down to
         a_shape = a.shape
         g, a, b = _promote_for_matmul(o, g, a, b)
         ga = o.matmul(g, _swap_last(o, b))
@@ -304,6 +316,8 @@ class matmul:
         return ga if ga.shape == a_shape else o.reshape(ga, a_shape)
 
     def vjp_b(o, g, out, a, b):
+        if o is kernels and _matrices(g, a, b):
+            return a.T @ g
         b_shape = b.shape
         g, a, b = _promote_for_matmul(o, g, a, b)
         gb = o.matmul(_swap_last(o, a), g)

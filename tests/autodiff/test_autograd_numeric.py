@@ -248,3 +248,29 @@ def test_float32_rows_agree_with_float64_to_first_and_second_order(name, rows, c
         assert g.dtype == np.float32, what
         scale = max(1.0, float(np.abs(w).max()))
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6 * scale, err_msg=what)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 6), st.integers(1, 6),
+       st.sampled_from([np.float32, np.float64]), st.sampled_from(["C", "F", "T"]), st.integers(0, 2**16))
+def test_the_matmul_rules_fast_path_is_the_general_paths_result(m, k, n, dtype, layout, seed):
+    """matmul's first-order rules on 2-D NumPy arrays compute ``g @ b.T`` and
+    ``a.T @ g`` directly; the general path (promotion, transpose and matmul
+    through the namespace, here the recordable one outside any trace) gives
+    the same bits, for any layout of the operands."""
+    from kina_fx.autograd.primitives import PRIMITIVES
+    from kina_fx.autograd.tensor import kernels, recordable
+
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    g = rng.standard_normal((m, n)).astype(dtype)
+    if layout == "F":
+        a, b, g = np.asfortranarray(a), np.asfortranarray(b), np.asfortranarray(g)
+    elif layout == "T":
+        a, b = np.ascontiguousarray(a.T).T, np.ascontiguousarray(b.T).T
+    out = a @ b
+    for rule in PRIMITIVES["matmul"].vjp_rules:
+        fast, general = rule(kernels, g, out, a, b), rule(recordable, g, out, a, b)
+        assert type(fast) is type(general) and fast.dtype == general.dtype
+        assert fast.shape == general.shape and fast.tobytes() == general.tobytes()
