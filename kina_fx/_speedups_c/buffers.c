@@ -237,13 +237,14 @@ view_extent(uint64_t aligned, int64_t offset, const int64_t *sizes, const int64_
             || __builtin_mul_overflow(high, item, &end_bytes)
             || __builtin_mul_overflow(offset, item, &offset_bytes))
         return 0;
-    /* addresses as unsigned 64-bit, the range inside [0, 2^64) and under 2^63 bytes long */
+    /* addresses as unsigned 64-bit, the range inside [1, 2^64) (aligned > 0 and the
+     * first test keep its low end off address 0) and under 2^63 bytes long */
     if ((low_bytes < 0 && (uint64_t)0 - (uint64_t)low_bytes >= aligned)
             || (end_bytes > 0 && (uint64_t)end_bytes > UINT64_MAX - aligned))
         return 0;                                    /* below address 1, or past 2^64 */
     *lo = aligned + (uint64_t)low_bytes;
     uint64_t hi = aligned + (uint64_t)end_bytes;
-    if (*lo == 0 || hi <= *lo || hi - *lo > (uint64_t)INT64_MAX)
+    if (hi <= *lo || hi - *lo > (uint64_t)INT64_MAX)
         return 0;
     *span = hi - *lo;
     *start = (uint64_t)(offset_bytes - low_bytes);    /* in [0, span): the extent holds element 0 */

@@ -265,11 +265,21 @@ node_of(KTracerClause *c, Py_ssize_t i, PyObject *const *values, const Py_ssize_
     PyObject *index = PyLong_FromSsize_t(i), *node = NULL;
     if (index == NULL)
         return NULL;
-    if (c->diff != Py_None) {                        /* _general_factory's node */
+    if (c->diff == Py_None && (c->nin == 1 || ids[0] < 0 || ids[1] < 0)) {  /* one traced input */
+        int k = c->nin == 1 || ids[0] >= 0 ? 0 : 1;
+        PyObject *rule = c->nin == 1 ? c->rule : k == 0 ? c->rule_a : c->rule_b;
+        PyObject *id = PyLong_FromSsize_t(ids[k]);
+        if (id != NULL)
+            node = PyTuple_Pack(7, rule, index, id, values[0], c->nin == 1 ? Py_None : values[1],
+                                out, c->prim);
+        Py_XDECREF(id);
+    }
+    else {      /* a binary node of two traced inputs, or _general_factory's: ids (-1: not differentiated) */
         PyObject *in_ids = PyTuple_New(c->nin), *inputs = PyTuple_New(c->nin);
         PyObject *params = in_ids == NULL || inputs == NULL ? NULL : PyTuple_New(0);
         for (int k = 0; params != NULL && k < c->nin; k++) {
-            PyObject *id = PyLong_FromSsize_t(PyTuple_GET_ITEM(c->diff, k) == Py_True ? ids[k] : -1);
+            int traced = c->diff == Py_None || PyTuple_GET_ITEM(c->diff, k) == Py_True;
+            PyObject *id = PyLong_FromSsize_t(traced ? ids[k] : -1);
             if (id == NULL)
                 Py_CLEAR(params);
             else {
@@ -282,28 +292,6 @@ node_of(KTracerClause *c, Py_ssize_t i, PyObject *const *values, const Py_ssize_
         Py_XDECREF(in_ids);
         Py_XDECREF(inputs);
         Py_XDECREF(params);
-    }
-    else if (c->nin == 1 || ids[0] < 0 || ids[1] < 0) {   /* one traced input: its id */
-        int k = c->nin == 1 || ids[0] >= 0 ? 0 : 1;
-        PyObject *rule = c->nin == 1 ? c->rule : k == 0 ? c->rule_a : c->rule_b;
-        PyObject *id = PyLong_FromSsize_t(ids[k]);
-        if (id != NULL)
-            node = PyTuple_Pack(7, rule, index, id, values[0], c->nin == 1 ? Py_None : values[1],
-                                out, c->prim);
-        Py_XDECREF(id);
-    }
-    else {
-        PyObject *a = PyLong_FromSsize_t(ids[0]), *b = PyLong_FromSsize_t(ids[1]);
-        PyObject *pair = a == NULL || b == NULL ? NULL : PyTuple_Pack(2, a, b);
-        PyObject *inputs = pair == NULL ? NULL : PyTuple_Pack(2, values[0], values[1]);
-        PyObject *none = inputs == NULL ? NULL : PyTuple_New(0);
-        if (none != NULL)
-            node = PyTuple_Pack(7, c->rule, index, pair, inputs, none, out, c->prim);
-        Py_XDECREF(a);
-        Py_XDECREF(b);
-        Py_XDECREF(pair);
-        Py_XDECREF(inputs);
-        Py_XDECREF(none);
     }
     Py_DECREF(index);
     return node;
