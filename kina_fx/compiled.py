@@ -52,13 +52,8 @@ from . import autograd as ad
 from . import ffi
 from . import memref
 from .errors import exception_for
-from .gpu_ops import array_module
+from .gpu_ops import array_module, copy_into
 from .autograd.memory import BufferTracer
-from .fibers import speedups as _speedups
-
-#: memmove of one C-contiguous buffer into another (NotImplemented for
-#: others), or None (pure Python): a traced argument's copy.
-_copy_bytes = getattr(_speedups, "copy_bytes", None)
 
 __all__ = ["load", "CompiledModule", "CompiledFunction"]
 
@@ -157,14 +152,8 @@ class CompiledFunction:
         # A copy of a traced argument for the compiled code to work on, in a
         # reused buffer: a fresh one costs page faults on every call.
         spares = self._snapshots.get((array.shape, array.dtype))
-        if array.__class__ is np.ndarray:
-            copy = spares.pop() if spares else np.empty(array.shape, array.dtype)
-            if _copy_bytes is None or _copy_bytes(copy, array) is NotImplemented:
-                np.copyto(copy, array)          # a strided argument
-            return copy
-        xp = array_module(array)
-        copy = spares.pop() if spares else xp.empty(array.shape, array.dtype)
-        xp.copyto(copy, array)
+        copy = spares.pop() if spares else array_module(array).empty(array.shape, array.dtype)
+        copy_into(copy, array)
         return copy
 
     def _release(self, snapshots):

@@ -95,6 +95,17 @@ def backend():
     return np if device() == "cpu" else cupy_module()
 
 
+_copy_bytes = getattr(fibers.speedups, "copy_bytes", None)
+
+
+def copy_into(dst, src) -> None:
+    """``dst[...] = src`` for two arrays of one shape and type: one memmove
+    where both are C-contiguous host buffers (the accelerator), else the
+    backend's assignment."""
+    if _copy_bytes is None or _copy_bytes(dst, src) is NotImplemented:
+        dst[...] = src
+
+
 def array_module(*arrays):
     """The array module the given arrays live in (CuPy if any is a CuPy array)."""
     cp = _cupy

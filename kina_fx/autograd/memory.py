@@ -45,7 +45,7 @@ import numpy as np
 from .. import autograd as ad
 from .. import fibers, memref
 from ..errors import KinaTypeError, ValidationError
-from ..gpu_ops import array_module
+from ..gpu_ops import array_module, copy_into
 from ..handlers import Effect, Handler, perform
 from ..runtime_ops import IDENTITY, RUNTIME_OPS, as_given
 from .primitives import PRIMITIVES
@@ -89,11 +89,9 @@ def _raw(value):
 
 _SAME_SIZE_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
-#: memcmp / memmove of two C-contiguous buffers (kina_fx._speedups;
-#: NotImplemented for others), or None: the NumPy comparison and assignment
-#: below are the references.
+#: memcmp of two C-contiguous buffers (kina_fx._speedups; NotImplemented for
+#: others), or None: the NumPy comparison below is the reference.
 _same_bytes = getattr(fibers.speedups, "same_bytes", None)
-_copy_bytes = getattr(fibers.speedups, "copy_bytes", None)
 
 
 def _unchanged(current, recorded) -> bool:
@@ -228,8 +226,8 @@ class BufferTracer:
         if value.dtype != out.dtype or value.shape != out.shape:
             out[...] = value
             value = array_module(out).array(out, copy=True)
-        elif _copy_bytes is None or _copy_bytes(out, value) is NotImplemented:
-            out[...] = value
+        else:
+            copy_into(out, value)
         entry = _Entry(tensor, value, kind)
         key = _identity(out)
         tracer = self
@@ -361,14 +359,12 @@ def _compiled_clause(op, slot, clause):
     if prim is None or prim.sequence or prim.nparams or prim.nin != len(op.inputs):
         return None
     recording = compiled_recording(prim)
-    if op.direct is not None and recording is not None:
-        compute, admit, by_kernel, diff = op.direct, op.calls_direct, False, None
-    else:
-        compute, admit, by_kernel = prim.effect.default, op.check_output, True
-        if recording is None:       # the node _general_factory records: (rule, i, ids, inputs, (), out, prim)
-            recording, diff = (prim.nin, prim.vjp, None, None), prim.diff
-        else:
-            diff = None
+    by_kernel = op.direct is None or recording is None
+    compute, admit = (prim.effect.default, op.check_output) if by_kernel else (op.direct, op.calls_direct)
+    # no elementwise or binary node: the one _general_factory records,
+    # (rule, i, ids, inputs, (), out, prim), -1 for an input not differentiated
+    diff = None if recording is not None else prim.diff
+    recording = recording or (prim.nin, prim.vjp, None, None)
     # Each input's element type: out's (a floating operand) or the operand's own.
     types = tuple(None if o.differentiable else o.dtype.str for o in op.inputs)
     # In the order tape_calls.c's SPEC_* name them: the function computing
