@@ -1,6 +1,9 @@
 """kina_fx.memref: descriptors <-> NumPy views, zero-copy, checked against NumPy."""
 from __future__ import annotations
 
+import itertools
+import struct
+
 import cffi
 import numpy as np
 import pytest
@@ -204,6 +207,11 @@ def descriptor_words(draw):
     return rank, [aligned, aligned, offset, *sizes, *strides]
 
 
+def _packed(*words) -> bytes:
+    """A descriptor's bytes, as a C caller lays its int64 words out."""
+    return struct.pack(f"<{len(words)}q", *words)
+
+
 def _python_view(cache, rank, raw):
     """ViewCache._miss's Python form: (view, identity), or the exception it raises."""
     try:
@@ -222,10 +230,8 @@ def test_the_accelerators_view_is_the_python_forms(words, dtype, output):
     """Where the accelerator makes the view, the Python form makes the same one
     (shape, strides, address, type, writable) with the same identity; what
     the Python form refuses the accelerator declines, never a view."""
-    import struct
-
     rank, w = words
-    raw = struct.pack(f"<{len(w)}q", *w)
+    raw = _packed(*w)
     cache = memref.ViewCache(dtype, output=output)
     made = memref._view_of_descriptor(raw, rank, cache._spec)
     expected = _python_view(cache, rank, raw)
@@ -270,13 +276,10 @@ def test_the_accelerator_declines_every_output_layout_the_python_form_refuses(ra
     takes every row-major one.  (A first version summed the dimensions' spans
     wrongly and took sizes (2, 2, 2), strides (3, 2, 1), which puts two
     indices on one element; the fuzzer found it.)"""
-    import itertools
-    import struct
-
     cache = memref.ViewCache(np.float32, output=True)
     for sizes in itertools.product([1, 2, 3], repeat=rank):
         for strides in itertools.product([-1, 0, 1, 2, 3, 4], repeat=rank):
-            raw = struct.pack(f"<{3 + 2 * rank}q", 1 << 32, 1 << 32, 8, *sizes, *strides)
+            raw = _packed(1 << 32, 1 << 32, 8, *sizes, *strides)
             made = memref._view_of_descriptor(raw, rank, cache._spec)
             expected = _python_view(cache, rank, raw)
             if made is not NotImplemented:
@@ -293,9 +296,7 @@ def test_a_view_reaching_address_zero_is_refused(output):
     takes a buffer at address 0 for none and allocates memory of its own, so
     the view would silently be of other memory: refused by the Python form,
     declined by the accelerator."""
-    import struct
-
-    raw = struct.pack("<5q", 8, 8, -2, 2, 1)
+    raw = _packed(8, 8, -2, 2, 1)
     cache = memref.ViewCache(np.float32, output=output)
     assert isinstance(_python_view(cache, 1, raw), ValidationError)
     if memref._view_of_descriptor is not None:

@@ -25,8 +25,8 @@ from hypothesis import given, settings, strategies as st
 
 from support.abi import Abi
 from support.tapes import F32, I64, LENIENT, OK, STRICT, Tape, free_leftovers, op_status
-from kina_fx import fibers
-from kina_fx.autograd import Tensor, memory
+from kina_fx import fibers, memref
+from kina_fx.autograd import Tape as AdTape, Tensor, memory
 from kina_fx.autograd.primitives import PRIMITIVES
 from kina_fx.ffi.tapes import tape_handles
 from kina_fx.handlers import Handler, perform
@@ -429,9 +429,6 @@ def test_operands_of_another_type_than_the_exports_are_declined(name, make):
     performed from Python on views of other types (registered as the
     exports register theirs) is the Python clause's, with its result, not
     an error of the compiled clause."""
-    from kina_fx import memref
-    from kina_fx.autograd import Tape as AdTape
-
     results = {}
     for kind in ("compiled", "python"):
         with clauses(kind):
