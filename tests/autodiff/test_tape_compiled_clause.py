@@ -246,6 +246,13 @@ def _operands(name, rng):
     return out, ins
 
 
+def _watch_floats(t, ins):
+    """Watch the floating inputs on tape ``t``, declare the int64 ones constant."""
+    for a in ins:
+        floating = a.dtype == np.float32
+        assert t.call("kina_tape_" + ("watch" if floating else "constant"), a, F32 if floating else I64) == OK
+
+
 @needs_core
 def test_the_ops_the_compiled_clause_covers():
     slot = memory._Slot()
@@ -260,9 +267,7 @@ def test_the_compiled_clause_takes_the_common_case(abi, name):
     the tracer runs: the compiled clause recorded the call itself."""
     out, ins = _operands(name, np.random.default_rng(1))
     t = Tape(abi)
-    for a in ins:
-        assert t.call("kina_tape_" + ("watch" if a.dtype == np.float32 else "constant"), a,
-                      F32 if a.dtype == np.float32 else I64) == OK
+    _watch_floats(t, ins)
     assert op_status(abi, name, out, *ins) == OK
     seen = []
 
@@ -292,9 +297,7 @@ def _count_primitive_calls(abi, name, where):
     def count(*args):
         calls.append(len(args))
         return perform(effect, *args)
-    rng = np.random.default_rng(2)
-    ins = [rng.standard_normal((2, 2)).astype(np.float32) for _ in op.inputs]
-    out = np.zeros((2, 2), np.float32)
+    out, ins = _operands(name, np.random.default_rng(2))
     counting = Handler(fun={effect: count})
     if where == "outside the tape":
         counting.__enter__()
@@ -302,8 +305,7 @@ def _count_primitive_calls(abi, name, where):
     if where == "inside the tape":
         counting.__enter__()
     try:
-        for a in ins:
-            assert t.call("kina_tape_watch", a, F32) == OK
+        _watch_floats(t, ins)
         for _ in range(3):
             assert op_status(abi, name, out, *ins) == OK
     finally:
@@ -317,7 +319,7 @@ def _count_primitive_calls(abi, name, where):
 
 
 @pytest.mark.parametrize("where", ["outside the tape", "inside the tape"])
-@pytest.mark.parametrize("name", ["matmul", "add", "exp"])
+@pytest.mark.parametrize("name", ["matmul", "add", "exp", "neg", "cross_entropy", "gather"])
 def test_a_handler_of_the_primitive_sees_what_it_sees_with_the_python_clause(abi, name, where):
     """A handler of the primitive's effect installed before the tape sees
     every call the tape records (the tape's clause performs the primitive
