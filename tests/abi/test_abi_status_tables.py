@@ -133,6 +133,7 @@ def test_row_validation(abi, monkeypatch):
         ((COPY_HOST, ok, descriptor((2, 2), (2, 1), aligned=0)), "null data"),
         ((COPY_HOST, ok, descriptor((1 << 62, 2), (0, 0))), "2^63 bytes"),
         ((COPY_HOST, ok, descriptor((2, 2), (2, 1), offset=-(1 << 62))), "address space"),
+        ((COPY_HOST, ok, descriptor((2, 2), (2, 1), aligned=16, offset=-4)), "address 0"),
         ((COPY_HOST, ok, np.zeros((2, 3), np.float32)), "shape"),
         ((SOFTMAX, ok, ok, 2), "axis 2"),
         ((GATHER, ok, ok, np.array([0, 2], np.int64)), "gather index 2"),
