@@ -8,19 +8,23 @@ import numpy as np
 
 from .tensor import Tensor
 
-__all__ = ["flatten", "has_tensor"]
+__all__ = ["flatten", "has_tensor", "leaf_rebuild"]
 
 _ndarray = np.ndarray
 
 
-def _leaf_rebuild(ls):
+def leaf_rebuild(ls):
+    """``flatten``'s rebuild of a tree that is one leaf."""
     return ls[0]
 
 
 def has_tensor(tree) -> bool:
     """Whether a pytree holds a Tensor leaf (then outputs are Tensors too)."""
-    if tree.__class__ is Tensor:
+    cls = tree.__class__
+    if cls is Tensor:
         return True
+    if cls is _ndarray:
+        return False
     if isinstance(tree, (tuple, list)):
         return any(has_tensor(c) for c in tree)
     if isinstance(tree, dict):
@@ -32,7 +36,7 @@ def flatten(tree):
     """(leaves, rebuild): ``rebuild(leaves)`` makes a tree of the same structure."""
     cls = tree.__class__
     if cls is _ndarray or cls is Tensor or cls is float:
-        return [tree], _leaf_rebuild
+        return [tree], leaf_rebuild
     if isinstance(tree, (tuple, list)):
         parts = [flatten(c) for c in tree]
         leaves = [leaf for ls, _ in parts for leaf in ls]
@@ -57,4 +61,4 @@ def flatten(tree):
         return leaves, lambda ls: kind(zip(keys, rb(ls)))
     if tree is None:
         return [], lambda ls: None
-    return [tree], _leaf_rebuild
+    return [tree], leaf_rebuild

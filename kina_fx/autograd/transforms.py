@@ -7,7 +7,7 @@ import numpy as np
 
 from ..errors import KinaTypeError, ValidationError
 from .forward import JVPTrace
-from .pytree import flatten, has_tensor
+from .pytree import flatten, has_tensor, leaf_rebuild
 from .tape import Tape, as_input, is_complex
 from .tensor import Tensor, _lift, _plain, _raw, _shape, array_module
 
@@ -17,9 +17,13 @@ __all__ = ["grad", "value_and_grad", "vjp", "jvp", "jacobian", "jacfwd", "jacrev
 #: An argument position, or a tuple of them (negative ones count from the end).
 Argnums = Union[int, Sequence[int]]
 
+_ndarray = np.ndarray
+
 
 def _like(value, like):
     """A derivative (one level in) returned as the kind of thing ``like`` was."""
+    if value.__class__ is _ndarray and like.__class__ is _ndarray:
+        return value            # the common leaf, as the checks below would return it
     if value.__class__ is Tensor:
         if value._trace is not None and value._trace._live:
             return value
@@ -87,6 +91,10 @@ def check_real_output(v: Any, what: str) -> None:
 
 
 def _check_scalar_output(out):
+    if out.__class__ is Tensor:
+        raw = _raw(out)
+        if raw.__class__ is _ndarray and raw.dtype.kind == "f" and raw.shape == ():
+            return              # the common output, as the checks below would pass it
     check_real_output(out, "grad's function output")
     shape = _shape(_raw(out))
     if shape != ():
@@ -98,6 +106,9 @@ def _check_scalar_output(out):
 def _watched(tape, tree):
     """``((leaves, rebuild, boxes), boxed)``: ``tree``'s leaves, each watched
     by ``tape`` (``boxes``), and the tree rebuilt with the boxes."""
+    if tree.__class__ is _ndarray:      # the common argument: one leaf, no tree to rebuild
+        box = tape._watch(tree)
+        return ([tree], leaf_rebuild, [box]), box
     leaves, rebuild = flatten(tree)
     boxes = [tape._watch(leaf) for leaf in leaves]
     return (leaves, rebuild, boxes), rebuild(boxes)
@@ -125,8 +136,13 @@ def value_and_grad(f: Callable, argnums: Argnums = 0, has_aux: bool = False) -> 
     arrays/scalars/Tensors; the gradient has the same structure, with arrays
     for arrays, floats for floats, Tensors for Tensors.
     """
+    positions: dict = {}        # number of arguments -> _argnums's answer
+
     def vg(*args, **kwargs):
-        single, nums = _argnums(argnums, len(args))
+        plan = positions.get(len(args))
+        if plan is None:
+            plan = positions[len(args)] = _argnums(argnums, len(args))
+        single, nums = plan
         args = list(args)
         wrap = any(has_tensor(a) for a in args)
         tape = Tape()

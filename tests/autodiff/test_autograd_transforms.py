@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from kina_fx import autograd as ad
-from kina_fx.errors import ValidationError
+from kina_fx.errors import KinaTypeError, ValidationError
 
 EPS = 1e-6
 RNG = np.random.default_rng(7)
@@ -119,3 +119,51 @@ def test_tensor_shape_and_reduction_methods_are_differentiable():
     g = ad.grad(f)(x0)
     fd = fd_jacobian(lambda v: f(ad.Tensor(v)).data, x0)
     np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-8)
+
+
+# value_and_grad takes an argument that is one NumPy array without flattening
+# it as a pytree, returns that leaf's gradient without _like's checks, and
+# passes a 0-d floating Tensor output without check_real_output: each shortcut
+# must answer what the general path answers for the same leaf inside a tuple.
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int64, np.bool_,
+                                   np.complex128])
+@pytest.mark.parametrize("output", ["sum", "float", "vector", "mean", "int"])
+def test_an_array_argument_gets_what_the_same_leaf_in_a_tuple_gets(dtype, output):
+    x = (np.arange(6).reshape(2, 3) % 3 + 0.5).astype(dtype)
+
+    def f(v):
+        if output == "sum":
+            return ad.sum(v * v)
+        if output == "float":
+            return 2.0
+        if output == "vector":
+            return v * 3.0
+        if output == "mean":
+            return ad.mean(v)
+        return 3
+
+    def outcome(call, unpack):
+        try:
+            value, g = call()
+        except Exception as e:      # the two paths must refuse alike
+            return type(e), str(e)
+        g = unpack(g)
+        return type(value), np.asarray(value).dtype, np.asarray(value).tolist(), \
+            type(g), np.asarray(g).dtype, np.asarray(g).tolist()
+
+    plain = outcome(lambda: ad.value_and_grad(f)(x), lambda g: g)
+    tupled = outcome(lambda: ad.value_and_grad(lambda t: f(t[0]))((x,)), lambda g: g[0])
+    assert plain == tupled
+    if output in ("vector", "int"):
+        assert plain[0] is KinaTypeError
+    if dtype in (np.float32, np.float64) and output == "sum":
+        np.testing.assert_array_equal(ad.grad(f)(x), 2 * x)
+
+
+def test_argnums_are_checked_on_every_call_with_a_new_number_of_arguments():
+    vg = ad.value_and_grad(lambda *a: ad.sum(a[0]), argnums=2)
+    with pytest.raises(ValidationError):
+        vg(np.ones(2), np.ones(2))
+    assert vg(np.ones(2), np.ones(2), np.ones(2))[1].tolist() == [0.0, 0.0]
+    with pytest.raises(ValidationError):
+        vg(np.ones(2))
