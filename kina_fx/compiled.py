@@ -50,7 +50,7 @@ import numpy as np
 
 from . import autograd as ad
 from . import ffi
-from . import memref
+from . import memref, mlir_read_only
 from .errors import exception_for
 from .gpu_ops import array_module, copy_into
 from .autograd.memory import BufferTracer
@@ -77,6 +77,8 @@ class CompiledModule:
         self.ffi = cffi.FFI()
         self.ffi.cdef(_PRELUDE + declarations)
         self.lib = self.ffi.dlopen(self.path)
+        self.read_only = _read_only_verdicts(self.path)
+
 
     def function(self, name: str, outputs: int = 0, strict: bool = True) -> "CompiledFunction":
         """The exported function ``name``; its first ``outputs`` arguments are output buffers."""
@@ -94,6 +96,21 @@ class CompiledModule:
 
     def __repr__(self):
         return f"<CompiledModule {self.path}>"
+
+
+def _read_only_verdicts(path: str) -> dict:
+    """What :func:`compile_mlir` recorded in the shared object at ``path``:
+    ``{export: positions of the memref arguments it only reads}``
+    (:mod:`kina_fx.mlir_read_only`); empty for one it did not build."""
+    import cffi
+
+    probe = cffi.FFI()
+    probe.cdef(f"extern const char {mlir_read_only.SYMBOL}[];")
+    try:
+        text = probe.string(getattr(probe.dlopen(path), mlir_read_only.SYMBOL))
+    except (KeyError, AttributeError):     # not built by compile_mlir
+        return {}
+    return mlir_read_only.decode(text.decode("ascii", "replace"))
 
 
 def load(path: str, declarations: str) -> CompiledModule:
@@ -114,12 +131,22 @@ class CompiledFunction:
         self._memrefs: dict = {}       # id(array) -> what _memref_of memoises
         self.outputs = outputs
         self.strict = strict
+        # The memref parameters the compiled code only reads (mlir_read_only):
+        # a traced argument there is passed without a copy (_passed_as_is).
+        self._read_only = module.read_only.get(name, frozenset()) & {
+            i for i, _ in self._memref_parameters if i >= outputs}
 
     def __repr__(self):
         return f"<CompiledFunction {self.name} of {self.module.path}>"
 
     def _memref_of(self, array, kind):
-        """``(C argument, identity)`` of a memref over ``array``, for a parameter of ``kind``.
+        """``(C argument, identity)`` of a memref over ``array``, for a parameter of ``kind``."""
+        entry = self._memo(array, kind)
+        return entry[4], entry[5]
+
+    def _memo(self, array, kind):
+        """``(ref, kind, shape, strides, (C argument, keep), identity, byte span)``
+        of a memref over ``array``, for a parameter of ``kind``.
 
         Memoised per array object (a training loop passes the same buffers
         every step): the entry holds the array weakly and is used only while
@@ -129,7 +156,7 @@ class CompiledFunction:
         hit = self._memrefs.get(id(array))
         if (hit is not None and hit[0]() is array and hit[1] == kind and hit[2] == array.shape
                 and hit[3] == array.strides):
-            return hit[4], hit[5]
+            return hit
         if kind == UNRANKED:
             m = memref.descriptor_of(array)
             c_arg, key = m.pointer_for(self.module.ffi), m.identity(array.dtype)
@@ -140,13 +167,14 @@ class CompiledFunction:
         except TypeError:
             # not weakly referenceable (a NumPy scalar): not memoised, and ``m``
             # holds the 0-d copy the descriptor points into for the call
-            return (c_arg, m), key
+            return (None, kind, None, None, (c_arg, m), key, memref.byte_span(key))
         if getattr(m, "array", None) is array:
             m.array = None          # the caller holds its array for the call; the memo must not
         if len(self._memrefs) >= 64:
             self._memrefs.clear()
-        self._memrefs[id(array)] = (ref, kind, array.shape, array.strides, (c_arg, m), key)
-        return (c_arg, m), key
+        entry = self._memrefs[id(array)] = (ref, kind, array.shape, array.strides, (c_arg, m), key,
+                                            memref.byte_span(key))
+        return entry
 
     def _spare_copy(self, array):
         # A copy of a traced argument for the compiled code to work on, in a
@@ -183,36 +211,47 @@ class CompiledFunction:
     def _call_traced(self, args):
         """The call under a :class:`BufferTracer` that knows each argument's buffer
         (module docstring, "Gradients"): returns the Tensors the outputs hold."""
-        tracer = BufferTracer(strict=self.strict)
         outputs = self.outputs
-        c_args = list(args)
-        keep, keys, spares = [], {}, []
+        spares: list = []
+        passed = {}         # position -> (array passed, its memo entry, Tensor, its value)
         for i, kind in self._memref_parameters:
             a = args[i]
-            traced_arg = a.__class__ is ad.Tensor
-            if traced_arg:
+            if a.__class__ is ad.Tensor:
                 if i < outputs:
                     raise TypeError(f"{self.name}: output {i} must be an array to write into, not a Tensor")
                 # Backward reads the Tensor's value: compiled code that updates
                 # its argument in place must write a copy, not that value.  The
                 # copy's buffer is reused across calls; the value itself is what
-                # the copy must still hold when a recorded op reads it.
+                # the copy must still hold when a recorded op reads it.  Code
+                # that only reads the argument (_read_only) gets the value itself.
                 original = a.data
                 if isinstance(original, np.generic):
                     original = np.asarray(original)
-                array = self._spare_copy(original)
-                spares.append(array)
+                if i in self._read_only and original.__class__ is np.ndarray:
+                    array = original
+                else:
+                    array = self._spare_copy(original)
+                    spares.append(array)
+                passed[i] = (array, self._memo(array, kind), a, original)
             else:
                 array = np.asarray(a) if isinstance(a, np.generic) else a
-            c_arg, key = self._memref_of(array, kind)
-            keep.append(c_arg)
-            c_args[i] = c_arg[0]
+                passed[i] = (array, self._memo(array, kind), None, None)
+        if self._read_only:
+            for i in self._overlapping(passed):     # a spare copy after all
+                array, _, a, original = passed[i]
+                array = self._spare_copy(original)
+                spares.append(array)
+                passed[i] = (array, self._memo(array, self._kinds[i]), a, original)
+        tracer = BufferTracer(strict=self.strict)
+        c_args = list(args)
+        for i, (array, entry, tensor, original) in passed.items():
+            c_args[i] = entry[4][0]
             if i < outputs:
-                keys[i] = (array, key)
-            elif traced_arg:
-                tracer.bind(array, a, original, key=key)
+                continue
+            if tensor is not None:
+                tracer.bind(array, tensor, original, key=entry[5])
             else:           # a plain array: passed as it is, a constant (copied now)
-                tracer.declare_constant(array, key=key)
+                tracer.declare_constant(array, key=entry[5])
         tracer.start()
         try:
             status = self._function(*c_args)
@@ -220,9 +259,24 @@ class CompiledFunction:
             tracer.stop()
             self._release(spares)
         self._check_status(status)
-        results = [tracer.produced(keys[i][0], f"{self.name}: output {i}", key=keys[i][1])
+        results = [tracer.produced(passed[i][0], f"{self.name}: output {i}", key=passed[i][1][5])
                    for i in range(outputs)]
         return results[0] if outputs == 1 else tuple(results)
+
+    def _overlapping(self, passed) -> list:
+        """The traced arguments passed as their Tensor's own array whose memory
+        another memref argument overlaps: through that one the compiled code
+        could write them, or see one buffer as two Tensors."""
+        # Sorted by their lowest byte, a span overlaps another if it starts
+        # below the highest end before it, or ends above the next one's start.
+        spans = sorted((entry[6], i) for i, (array, entry, tensor, original) in passed.items())
+        found, reach = [], 0
+        for k, ((low, high), i) in enumerate(spans):
+            shared = low < reach or (k + 1 < len(spans) and spans[k + 1][0][0] < high)
+            reach = max(reach, high)
+            if shared and passed[i][0] is passed[i][3]:
+                found.append(i)
+        return found
 
     def _check_status(self, status):
         """Raise what a non-zero status stands for (module docstring)."""
@@ -282,7 +336,25 @@ def compile_mlir(source: str, output: str) -> str:
             result = subprocess.run(step, capture_output=True, text=True)
             if result.returncode:
                 raise RuntimeError(f"{step[0]} failed ({result.returncode}):\n{result.stderr}")
+            if step[0] == "mlir-translate-19":
+                with open(ll, "a") as f:
+                    f.write(_read_only_global(source))
     return output
+
+
+def _read_only_global(source: str) -> str:
+    """LLVM IR defining :data:`mlir_read_only.SYMBOL` with the module's verdicts
+    (empty where the module's generic form cannot be had: nothing is then
+    passed without a copy)."""
+    import subprocess
+
+    generic = subprocess.run(["mlir-opt-19", "--mlir-print-op-generic", source],
+                             capture_output=True, text=True)
+    verdicts = mlir_read_only.read_only_arguments(generic.stdout) if generic.returncode == 0 else {}
+    data = mlir_read_only.encode(verdicts).encode("ascii") + b"\0"
+    text = "".join(chr(c) if chr(c).isalnum() or chr(c) in "_:," else f"\\{c:02X}" for c in data)
+    return f'\n@{mlir_read_only.SYMBOL} = constant [{len(data)} x i8] c"{text}"\n'
+
 
 
 def example_path(name: str) -> str:

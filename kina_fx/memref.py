@@ -30,6 +30,7 @@ embedded library's or this module's) or plain integer addresses.
 """
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Any, Callable, NamedTuple, Sequence, Tuple
 
@@ -283,6 +284,23 @@ def identity(array) -> tuple:
     if hit is not None and hit[0] is array:
         return hit[1]
     return _identity_of(array)
+
+
+@functools.lru_cache(maxsize=256)
+def byte_span(identity_key: tuple) -> tuple:
+    """``(lowest, one past the highest)`` byte address of the memory an
+    :func:`identity` describes; ``(0, 0)`` for one with no element."""
+    address, shape, strides, dtype = identity_key
+    if 0 in shape:
+        return (0, 0)
+    low = high = 0
+    for n, stride in zip(shape, strides):
+        if stride < 0:
+            low += (n - 1) * stride
+        else:
+            high += (n - 1) * stride
+    item = np.dtype(dtype).itemsize
+    return (address + low * item, address + (high + 1) * item)
 
 
 def _identity_of(array) -> tuple:
