@@ -35,7 +35,10 @@ as its Tensor: the runtime ops the compiled code calls are computed by
 autograd's primitives and recorded by the live trace, and each output is
 returned as the Tensor its buffer holds.  A Tensor argument is passed as a
 copy of its value, so compiled code that updates an argument in place leaves
-the Tensor (and what backward computes from it) as it was; plain arrays are
+the Tensor (and what backward computes from it) as it was -- unless the code
+provably only reads that parameter (:mod:`kina_fx.mlir_read_only`, recorded by
+:func:`compile_mlir`) and no other memref argument overlaps it: then the
+Tensor's own array is passed (docs/autograd-abi.md).  Plain arrays are
 passed as they are, and declared constant.  The tracer is strict by default: a
 floating buffer the compiled code computed without runtime calls (loops), or
 an output it did not produce with one, raises
@@ -325,9 +328,12 @@ def compile_mlir(source: str, output: str) -> str:
                            "(Debian: apt-get install mlir-19-tools clang-19)")
     libdir = os.path.dirname(ffi.library_path())
     with tempfile.TemporaryDirectory(prefix="kina_fx-mlir-") as tmp:
+        generic = os.path.join(tmp, "generic.mlir")
         llvm_dialect, ll = os.path.join(tmp, "lowered.mlir"), os.path.join(tmp, "module.ll")
         steps = [
-            ["mlir-opt-19", source, *MLIR_PIPELINE, "-o", llvm_dialect],
+            # the module as mlir_read_only reads it; what is compiled is what it read
+            ["mlir-opt-19", "--mlir-print-op-generic", source, "-o", generic],
+            ["mlir-opt-19", generic, *MLIR_PIPELINE, "-o", llvm_dialect],
             ["mlir-translate-19", "--mlir-to-llvmir", llvm_dialect, "-o", ll],
             ["clang-19", "-O2", "-shared", "-fPIC", "-Wno-override-module", ll, "-o", output,
              f"-L{libdir}", f"-Wl,-rpath,{libdir}", "-lkina_fx"],
@@ -337,20 +343,15 @@ def compile_mlir(source: str, output: str) -> str:
             if result.returncode:
                 raise RuntimeError(f"{step[0]} failed ({result.returncode}):\n{result.stderr}")
             if step[0] == "mlir-translate-19":
-                with open(ll, "a") as f:
-                    f.write(_read_only_global(source))
+                with open(generic) as f, open(ll, "a") as out:
+                    out.write(_read_only_global(f.read()))
     return output
 
 
-def _read_only_global(source: str) -> str:
-    """LLVM IR defining :data:`mlir_read_only.SYMBOL` with the module's verdicts
-    (empty where the module's generic form cannot be had: nothing is then
-    passed without a copy)."""
-    import subprocess
-
-    generic = subprocess.run(["mlir-opt-19", "--mlir-print-op-generic", source],
-                             capture_output=True, text=True)
-    verdicts = mlir_read_only.read_only_arguments(generic.stdout) if generic.returncode == 0 else {}
+def _read_only_global(generic: str) -> str:
+    """LLVM IR defining :data:`mlir_read_only.SYMBOL` with the verdicts of the
+    module whose generic form is ``generic``."""
+    verdicts = mlir_read_only.read_only_arguments(generic)
     data = mlir_read_only.encode(verdicts).encode("ascii") + b"\0"
     text = "".join(chr(c) if chr(c).isalnum() or chr(c) in "_:," else f"\\{c:02X}" for c in data)
     return f'\n@{mlir_read_only.SYMBOL} = constant [{len(data)} x i8] c"{text}"\n'

@@ -54,10 +54,11 @@ _LIBRARY_PREFIXES = ("kina_", "runtime_", _CIFACE)
 _RUNTIME = {op.export[len(_CIFACE):]: 1 + len(op.inputs) for op in RUNTIME_OPS}
 
 _FUNC = re.compile(r'^\s*"func\.func"\(\) <\{.*?sym_name = "([^"]+)"')
-_BLOCK = re.compile(r'^\s*\^[\w.$-]+(?:\((.*)\))?:\s*$')
+_BLOCK = re.compile(r'^\s*\^[\w.$-]+(?:\((.*)\))?:\s*(?://.*)?$')
 _OP = re.compile(r'^\s*(?:(.+?) = )?"([\w.$-]+)"\(([^)]*)\)(.*)$')
 _VALUE = re.compile(r'%[\w.$-]+')
 _CALLEE = re.compile(r'callee = @([\w.$-]+)')
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _SEGMENTS = re.compile(r'operandSegmentSizes = array<i32: ([\d, ]+)>')
 
 
@@ -70,8 +71,16 @@ class _Function:
         self.c_interface = False
 
 
+class _Unreadable(Exception):
+    """A line of the module this reading does not account for: nothing is proven."""
+
+
 def _parse(text: str) -> dict:
-    """Functions by name, from MLIR's generic form (``--mlir-print-op-generic``)."""
+    """Functions by name, from MLIR's generic form (``--mlir-print-op-generic``).
+
+    Raises :class:`_Unreadable` for a line with a value (``%``) that is
+    neither an operation nor a block header, or outside every function: the
+    reading of the text would then not be the whole of its operations."""
     functions: dict = {}
     current = None
     depth = 0
@@ -85,6 +94,8 @@ def _parse(text: str) -> dict:
                 current = None
             continue
         if current is None:
+            if _has_value(line):
+                raise _Unreadable(line)
             continue
         depth += line.count("({") - line.count("})")
         if depth <= 0:                      # the function's closing line
@@ -101,13 +112,15 @@ def _parse(text: str) -> dict:
         op = _OP.match(line)
         if op:
             current.has_body = True
-            results = [r.split(":")[0] for r in _VALUE.findall(op.group(1) or "")]
+            results = _VALUE.findall(op.group(1) or "")
             current.ops.append((op.group(2), results, _VALUE.findall(op.group(3)), op.group(4)))
+        elif _has_value(line):
+            raise _Unreadable(line)
     return functions
 
 
-def _is_result_of(value: str, results: list) -> bool:
-    return value.split("#")[0] in results
+def _has_value(line: str) -> bool:
+    return "%" in _STRING.sub('""', line)
 
 
 def _reads_only(functions: dict, fn: "_Function", index: int, proving: set) -> bool:
@@ -172,7 +185,10 @@ def read_only_arguments(generic_text: str) -> dict:
     """``{"_mlir_ciface_<fn>": (i, ...)}``: for each function with a C
     interface, the positions of the arguments it only reads.  ``generic_text``
     is the module in MLIR's generic form."""
-    functions = _parse(generic_text)
+    try:
+        functions = _parse(generic_text)
+    except _Unreadable:
+        return {}
     out = {}
     for fn in functions.values():
         if fn.c_interface and fn.has_body:

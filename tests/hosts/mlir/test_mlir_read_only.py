@@ -194,3 +194,15 @@ def test_jvp_through_arguments_passed_as_they_are(mlp):
     _, compiled_t = ad.jvp(lambda w: fn(np.zeros((), np.float32), x, y, w, b1, w2, b2), (w1,), (t,))
     _, python_t = ad.jvp(lambda w: ad.cross_entropy(ad.relu(x @ w + b1) @ w2 + b2, y), (w1,), (t,))
     np.testing.assert_allclose(compiled_t, python_t, rtol=1e-4, atol=1e-6)
+
+
+def test_a_line_the_reading_does_not_account_for_proves_nothing():
+    skip_unless_tools()
+    generic = run([TOOLS["mlir-opt-19"], "--mlir-print-op-generic", compiled.example_path("mlp.mlir")]).stdout
+    assert mlir_read_only.read_only_arguments(generic)["_mlir_ciface_mlp_loss"] == (1, 2, 3, 4, 5, 6)
+    lines = generic.splitlines()
+    body = next(k for k, line in enumerate(lines) if '"func.call"' in line)
+    for odd in ('    memref.store %a, %b[%c] : memref<?xf32>',     # custom form: not read as an op
+                '  %x = "memref.load"(%y) : (memref<f32>) -> f32'):     # outside every function
+        where = body if odd.startswith("    ") else len(lines) - 1
+        assert mlir_read_only.read_only_arguments("\n".join(lines[:where] + [odd] + lines[where:])) == {}

@@ -132,10 +132,17 @@ def built(tmp_path_factory):
     return SimpleNamespace(dir=out, lowered=lowered, library=library)
 
 
-@pytest.fixture(scope="module")
-def mlp(built):
-    """The compiled functions, callable with arrays (kina_fx.compiled)."""
-    mod = compiled.load(str(built.library), DECLARATIONS)
+@pytest.fixture(scope="module", params=["linked by hand", "compile_mlir"])
+def mlp(built, request):
+    """The compiled functions, callable with arrays (kina_fx.compiled): from
+    the library linked above, whose traced arguments are all copied, and from
+    compile_mlir's, which passes those @mlp_loss only reads as they are
+    (docs/autograd-abi.md, "Arguments the code only reads are not copied")."""
+    library = built.library
+    if request.param == "compile_mlir":
+        library = compiled.compile_mlir(str(MLP_SOURCE), str(built.dir / "libmlp_proven.so"))
+    mod = compiled.load(str(library), DECLARATIONS)
+    assert bool(mod.read_only) == (request.param == "compile_mlir")
     return SimpleNamespace(
         loss=mod.function("_mlir_ciface_mlp_loss", outputs=1),
         loss_loops=mod.function("_mlir_ciface_mlp_loss_loops", outputs=1),
