@@ -68,6 +68,13 @@ typedef struct { void *allocated; void *aligned; int64_t offset; int64_t sizes_a
 """
 UNRANKED, RANKED = "kina_unranked_memref_t *", "kina_memref_descriptor_t *"
 
+#: A traced argument the code only reads is passed as it is when it is at
+#: least this large: a smaller one is copied into its reused spare buffer, and
+#: compared, for less than a new array's descriptor and the export's view of
+#: it cost (a training loop whose optimiser makes new parameter arrays every
+#: step passes new arrays every call; docs/benchmarks.md).
+AS_IS_BYTES = 1 << 16
+
 
 class CompiledModule:
     """A shared object opened in this process, next to ``libkina_fx.so``."""
@@ -217,6 +224,7 @@ class CompiledFunction:
         outputs = self.outputs
         spares: list = []
         passed = {}         # position -> (array passed, its memo entry, Tensor, its value)
+        as_is = False
         for i, kind in self._memref_parameters:
             a = args[i]
             if a.__class__ is ad.Tensor:
@@ -230,8 +238,10 @@ class CompiledFunction:
                 original = a.data
                 if isinstance(original, np.generic):
                     original = np.asarray(original)
-                if i in self._read_only and original.__class__ is np.ndarray:
+                if (i in self._read_only and original.__class__ is np.ndarray
+                        and original.nbytes >= AS_IS_BYTES):
                     array = original
+                    as_is = True
                 else:
                     array = self._spare_copy(original)
                     spares.append(array)
@@ -239,7 +249,7 @@ class CompiledFunction:
             else:
                 array = np.asarray(a) if isinstance(a, np.generic) else a
                 passed[i] = (array, self._memo(array, kind), None, None)
-        if self._read_only:
+        if as_is:
             for i in self._overlapping(passed):     # a spare copy after all
                 array, _, a, original = passed[i]
                 array = self._spare_copy(original)

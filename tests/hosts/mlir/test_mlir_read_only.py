@@ -111,10 +111,15 @@ def test_the_mlps_parameters_are_proven_read_only_and_passed_as_they_are(mlp):
     assert mlp.read_only["_mlir_ciface_mlp_loss"] == frozenset({1, 2, 3, 4, 5, 6})
     assert mlp.read_only["_mlir_ciface_scale_in_place"] == frozenset({2})     # writes its x
     fn = mlp.function("_mlir_ciface_mlp_loss", outputs=1)
-    x, y, w1, b1, w2, b2 = _mlp_problem()
+    copies, spare_copy = [], fn._spare_copy
+    fn._spare_copy = lambda a: copies.append(a.shape) or spare_copy(a)
+    x, y, w1, b1, w2, b2 = _mlp_problem(d=128, h=160)     # w1: 80 KB
+    assert w1.nbytes >= compiled.AS_IS_BYTES > b1.nbytes + w2.nbytes + b2.nbytes
     before = [p.copy() for p in (w1, b1, w2, b2)]
-    _step(fn)(w1, b1, w2, b2, x, y)
-    assert fn._snapshots == {}              # no spare copy was made
+    for _ in range(2):
+        _step(fn)(w1, b1, w2, b2, x, y)
+        assert copies == [b1.shape, w2.shape, b2.shape]  # the small ones only
+        copies.clear()
     for p, b in zip((w1, b1, w2, b2), before):
         np.testing.assert_array_equal(p, b)
 
@@ -126,9 +131,10 @@ def test_passed_as_is_the_gradients_are_the_copies_bits(mlp, n, d, h, c, seed):
     as_is = mlp.function("_mlir_ciface_mlp_loss", outputs=1)
     copied = mlp.function("_mlir_ciface_mlp_loss", outputs=1)
     copied._read_only = frozenset()         # every traced argument copied, as before the proof
-    problem = _mlp_problem(n, d, h, c, seed)
-    x, y, w1, b1, w2, b2 = problem
-    (l1, g1), (l2, g2) = (_step(f)(w1, b1, w2, b2, x, y) for f in (as_is, copied))
+    x, y, w1, b1, w2, b2 = _mlp_problem(n, d, h, c, seed)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compiled, "AS_IS_BYTES", 0)      # as they are at any size
+        (l1, g1), (l2, g2) = (_step(f)(w1, b1, w2, b2, x, y) for f in (as_is, copied))
     assert np.asarray(l1).tobytes() == np.asarray(l2).tobytes()
     for a, b in zip(g1, g2):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
@@ -140,7 +146,8 @@ def test_passed_as_is_the_gradients_are_the_copies_bits(mlp, n, d, h, c, seed):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-def test_two_tensors_over_one_memory_are_copied_and_get_their_own_gradients(mlp):
+def test_two_tensors_over_one_memory_are_copied_and_get_their_own_gradients(mlp, monkeypatch):
+    monkeypatch.setattr(compiled, "AS_IS_BYTES", 0)     # as they are at any size
     fn = mlp.function("_mlir_ciface_mlp_loss", outputs=1)
     rng = np.random.default_rng(5)
     x = rng.standard_normal((6, 4)).astype(np.float32)
@@ -161,7 +168,8 @@ def test_two_tensors_over_one_memory_are_copied_and_get_their_own_gradients(mlp)
     assert fn._snapshots                    # copies, for both uses
 
 
-def test_a_constant_over_a_parameters_memory_has_the_parameter_copied(mlp):
+def test_a_constant_over_a_parameters_memory_has_the_parameter_copied(mlp, monkeypatch):
+    monkeypatch.setattr(compiled, "AS_IS_BYTES", 0)     # as they are at any size
     fn = mlp.function("_mlir_ciface_mlp_loss", outputs=1)
     rng = np.random.default_rng(6)
     w1 = rng.standard_normal((4, 4)).astype(np.float32)
@@ -187,7 +195,8 @@ def test_an_argument_the_code_writes_is_still_copied(mlp):
     np.testing.assert_array_equal(x, [1.0, -2.0, 3.0])
 
 
-def test_jvp_through_arguments_passed_as_they_are(mlp):
+def test_jvp_through_arguments_passed_as_they_are(mlp, monkeypatch):
+    monkeypatch.setattr(compiled, "AS_IS_BYTES", 0)     # as they are at any size
     fn = mlp.function("_mlir_ciface_mlp_loss", outputs=1)
     x, y, w1, b1, w2, b2 = _mlp_problem(seed=3)
     t = np.random.default_rng(4).standard_normal(w1.shape).astype(np.float32)

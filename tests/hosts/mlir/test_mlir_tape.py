@@ -139,11 +139,13 @@ def mlp(built, request):
     compile_mlir's, which passes those @mlp_loss only reads as they are
     (docs/autograd-abi.md, "Arguments the code only reads are not copied")."""
     library = built.library
+    patch = pytest.MonkeyPatch()
     if request.param == "compile_mlir":
         library = compiled.compile_mlir(str(MLP_SOURCE), str(built.dir / "libmlp_proven.so"))
+        patch.setattr(compiled, "AS_IS_BYTES", 0)      # as they are from the first call, at any size
     mod = compiled.load(str(library), DECLARATIONS)
     assert bool(mod.read_only) == (request.param == "compile_mlir")
-    return SimpleNamespace(
+    yield SimpleNamespace(
         loss=mod.function("_mlir_ciface_mlp_loss", outputs=1),
         loss_loops=mod.function("_mlir_ciface_mlp_loss_loops", outputs=1),
         loss_loops_lenient=mod.function("_mlir_ciface_mlp_loss_loops", outputs=1, strict=False),
@@ -154,6 +156,7 @@ def mlp(built, request):
         scale_in_place=mod.function("_mlir_ciface_scale_in_place", outputs=1),
         read_then_clear=mod.function("_mlir_ciface_read_then_clear", outputs=1),
     )
+    patch.undo()
 
 
 @pytest.fixture(scope="module")
