@@ -155,8 +155,8 @@ class CompiledFunction:
         return entry[4], entry[5]
 
     def _memo(self, array, kind):
-        """``(ref, kind, shape, strides, (C argument, keep), identity, byte span)``
-        of a memref over ``array``, for a parameter of ``kind``.
+        """``(ref, kind, shape, strides, (C argument, keep), identity)`` of a
+        memref over ``array``, for a parameter of ``kind``.
 
         Memoised per array object (a training loop passes the same buffers
         every step): the entry holds the array weakly and is used only while
@@ -177,13 +177,12 @@ class CompiledFunction:
         except TypeError:
             # not weakly referenceable (a NumPy scalar): not memoised, and ``m``
             # holds the 0-d copy the descriptor points into for the call
-            return (None, kind, None, None, (c_arg, m), key, memref.byte_span(key))
+            return (None, kind, None, None, (c_arg, m), key)
         if getattr(m, "array", None) is array:
             m.array = None          # the caller holds its array for the call; the memo must not
         if len(self._memrefs) >= 64:
             self._memrefs.clear()
-        entry = self._memrefs[id(array)] = (ref, kind, array.shape, array.strides, (c_arg, m), key,
-                                            memref.byte_span(key))
+        entry = self._memrefs[id(array)] = (ref, kind, array.shape, array.strides, (c_arg, m), key)
         return entry
 
     def _spare_copy(self, array):
@@ -282,7 +281,7 @@ class CompiledFunction:
         could write them, or see one buffer as two Tensors."""
         # Sorted by their lowest byte, a span overlaps another if it starts
         # below the highest end before it, or ends above the next one's start.
-        spans = sorted((entry[6], i) for i, (array, entry, tensor, original) in passed.items())
+        spans = sorted((memref.byte_span(entry[5]), i) for i, (array, entry, tensor, original) in passed.items())
         found, reach = [], 0
         for k, ((low, high), i) in enumerate(spans):
             shared = low < reach or (k + 1 < len(spans) and spans[k + 1][0][0] < high)
