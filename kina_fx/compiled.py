@@ -344,8 +344,10 @@ def compile_mlir(source: str, output: str) -> str:
             ["mlir-opt-19", "--mlir-print-op-generic", source, "-o", generic],
             ["mlir-opt-19", generic, *MLIR_PIPELINE, "-o", llvm_dialect],
             ["mlir-translate-19", "--mlir-to-llvmir", llvm_dialect, "-o", ll],
+            # -Bsymbolic: a call of the module's own function reaches that function,
+            # not another library's of the same name (mlir_read_only reads its body)
             ["clang-19", "-O2", "-shared", "-fPIC", "-Wno-override-module", ll, "-o", output,
-             f"-L{libdir}", f"-Wl,-rpath,{libdir}", "-lkina_fx"],
+             f"-L{libdir}", f"-Wl,-rpath,{libdir}", "-Wl,-Bsymbolic", "-lkina_fx"],
         ]
         for step in steps:
             result = subprocess.run(step, capture_output=True, text=True)

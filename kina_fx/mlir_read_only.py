@@ -17,23 +17,29 @@ that cannot write it:
 * views of it -- ``memref.cast``, ``subview``, ``reinterpret_cast``,
   ``collapse_shape``, ``expand_shape``, ``transpose`` -- are followed in turn;
 * reads: ``memref.load``, ``memref.dim``, ``memref.rank``, ``affine.load``,
-  ``vector.load``, ``vector.transfer_read``, ``memref.copy`` from it, and a
-  ``linalg`` operation that has it among its ``ins``;
+  ``vector.load``, ``vector.transfer_read``, and a ``linalg`` operation that
+  has it among its ``ins``;
 * a call of a function of the same module whose parameter there is itself
   read-only (and whose name is none libkina_fx.so could export: ``kina_``,
-  ``runtime_``, ``_mlir_ciface_``), or of a runtime op (:data:`kina_fx.runtime_ops.RUNTIME_OPS`,
-  declared with ``llvm.emit_c_interface``, not defined in the module) with it
-  as an input: the op writes only its output.
+  ``runtime_``, ``_mlir_ciface_``), or of a runtime op
+  (:data:`kina_fx.runtime_ops.RUNTIME_OPS`, declared with
+  ``llvm.emit_c_interface`` and the export's own signature, not defined in
+  the module) with it as an input: the op writes only its output.
 
-Any other use -- a store, a ``linalg`` output, a copy's target, a call of
-any other function, a branch or loop argument, a returned or yielded value,
-a pointer taken out of it -- and the argument is not read-only.  What the
-proof cannot see is undefined behaviour in MLIR itself (a view whose
-offset or sizes reach outside the memref it came from, then written).
+Any other use -- a store, a ``linalg`` output, a ``memref.copy`` (its
+lowering calls a library function), a call of any other function, a branch
+or loop argument, a returned or yielded value, a pointer taken out of it --
+and the argument is not read-only.  A function whose C interface takes a
+result pointer first gets no verdict, and a module whose text this reading
+cannot fully account for gets none at all (:func:`_parse`).  What the proof
+cannot see is undefined behaviour in MLIR itself (a view whose offset or
+sizes reach outside the memref it came from, then written).
 """
 from __future__ import annotations
 
 import re
+
+import numpy as np
 
 from .runtime_ops import RUNTIME_OPS
 
@@ -50,77 +56,200 @@ _READS = frozenset({"memref.load", "memref.dim", "memref.rank", "affine.load", "
 _CIFACE = "_mlir_ciface_"
 #: names libkina_fx.so exports begin so (a function of the module named so may not be the one called)
 _LIBRARY_PREFIXES = ("kina_", "runtime_", _CIFACE)
-#: runtime export (as MLIR calls it) -> the number of its memref operands; the first is the output
-_RUNTIME = {op.export[len(_CIFACE):]: 1 + len(op.inputs) for op in RUNTIME_OPS}
+#: functions the lowering itself calls (allocation, copies): a module must not define them
+_LOWERING_CALLS = frozenset({"malloc", "calloc", "realloc", "free", "aligned_alloc", "posix_memalign",
+                             "memcpy", "memmove", "memset", "memrefCopy", "_mlir_memref_to_llvm_alloc",
+                             "_mlir_memref_to_llvm_aligned_alloc", "_mlir_memref_to_llvm_free"})
+_MLIR_TYPE = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(np.int64): "i64"}
+#: runtime export, as MLIR calls it -> (its declared parameter types, exactly; memref operands first,
+#: the output first of them): the op writes its output only
+_RUNTIME = {op.export[len(_CIFACE):]: (tuple(f"memref<*x{_MLIR_TYPE[o.dtype]}>" for o in op.operands)
+                                       + ("i32",) * len(op.params), 1 + len(op.inputs))
+            for op in RUNTIME_OPS}
 
-_FUNC = re.compile(r'^\s*"func\.func"\(\) <\{.*?sym_name = "([^"]+)"')
-_BLOCK = re.compile(r'^\s*\^[\w.$-]+(?:\((.*)\))?:\s*(?://.*)?$')
-_OP = re.compile(r'^\s*(?:(.+?) = )?"([\w.$-]+)"\(([^)]*)\)(.*)$')
-_VALUE = re.compile(r'%[\w.$-]+')
-_CALLEE = re.compile(r'callee = @([\w.$-]+)')
+# Every pattern below reads a line's skeleton: its string literals replaced
+# by "#k" (k: their index in the line), so no text inside a string can look
+# like structure.
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_SEGMENTS = re.compile(r'operandSegmentSizes = array<i32: ([\d, ]+)>')
+_NAME = re.compile(r'[A-Za-z_][\w.$-]*$')
+_FUNC = re.compile(r'^\s*"#0"\(\) <\{')
+_SYM_NAME = re.compile(r'(?<![\w.$-])sym_name = "#(\d+)"')
+_ARG_ATTRS = re.compile(r'(?<![\w.$-])(?:arg_attrs|res_attrs) = ')
+_FUNCTION_TYPE = re.compile(r'(?<![\w.$-])function_type = ')
+_C_INTERFACE = re.compile(r'(?<![\w.$-])llvm\.emit_c_interface(?![\w.$-])')
+_BLOCK = re.compile(r'^\s*\^[\w.$-]+(?:\(([^"]*)\))?:\s*(?://.*)?$')
+_VALUES = r'%[\w.$-]+(?::\d+)?(?:, %[\w.$-]+(?::\d+)?)*'
+_OP = re.compile(r'^\s*(?:(' + _VALUES + r') = )?"#0"\(((?:%[\w.$#-]+(?:, %[\w.$#-]+)*)?)\)(.*)$')
+_VALUE = re.compile(r'%[\w.$-]+')
+_CALLEE = re.compile(r'(?<![\w.$-])callee = @([A-Za-z_][\w.$-]*)(?=[,}])')
+_SEGMENTS = re.compile(r'(?<![\w.$-])operandSegmentSizes = array<i32: ([\d, ]+)>')
 
 
 class _Function:
     def __init__(self, name):
         self.name = name
         self.params: list = []
-        self.ops: list = []        # (name, results, operands, rest of the line)
+        self.ops: list = []        # (name, results, operands, rest of the line's skeleton)
         self.has_body = False
         self.c_interface = False
+        self.arg_types: tuple = ()
+        self.results: tuple = ()
 
 
 class _Unreadable(Exception):
     """A line of the module this reading does not account for: nothing is proven."""
 
 
+def _skeleton(line: str) -> tuple:
+    strings: list = []
+
+    def placeholder(m):
+        strings.append(m.group(0)[1:-1])
+        return f'"#{len(strings) - 1}"'
+    return _STRING.sub(placeholder, line), strings
+
+
+def _balanced(text: str, start: int) -> int:
+    """The index just past the bracket group opening at ``text[start]``."""
+    depth = 0
+    k = start
+    while k < len(text):
+        c = text[k]
+        if text.startswith("->", k):
+            k += 2
+            continue
+        if c in "([{<":
+            depth += 1
+        elif c in ")]}>":
+            depth -= 1
+            if depth == 0:
+                return k + 1
+        k += 1
+    raise _Unreadable(text)
+
+
+def _split_top(text: str) -> tuple:
+    """``text``'s comma-separated items at bracket depth 0, stripped."""
+    items, depth, item = [], 0, ""
+    k = 0
+    while k < len(text):
+        c = text[k]
+        if text.startswith("->", k):
+            item += "->"
+            k += 2
+            continue
+        if c in "([{<":
+            depth += 1
+        elif c in ")]}>":
+            depth -= 1
+        if c == "," and depth == 0:
+            items.append(item.strip())
+            item = ""
+        else:
+            item += c
+        k += 1
+    if item.strip():
+        items.append(item.strip())
+    return tuple(items)
+
+
+def _signature(skeleton: str) -> tuple:
+    """``(parameter types, result types)`` of a func.func header's ``function_type``."""
+    m = _FUNCTION_TYPE.search(skeleton)
+    if m is None or skeleton[m.end()] != "(":
+        raise _Unreadable(skeleton)
+    end = _balanced(skeleton, m.end())
+    params = _split_top(skeleton[m.end() + 1:end - 1])
+    rest = skeleton[end:]
+    if not rest.startswith(" -> "):
+        raise _Unreadable(skeleton)
+    rest = rest[4:]
+    if rest.startswith("("):
+        close = _balanced(rest, 0)
+        return params, _split_top(rest[1:close - 1])
+    return params, _first_item(rest)
+
+
+def _first_item(text: str) -> tuple:
+    """The one type at the start of ``text`` (up to a comma or the end of the properties)."""
+    depth, k = 0, 0
+    while k < len(text):
+        c = text[k]
+        if text.startswith("->", k):
+            k += 2
+            continue
+        if depth == 0 and (c == "," or text.startswith("}>", k)):
+            return (text[:k].strip(),)
+        if c in "([{<":
+            depth += 1
+        elif c in ")]}>":
+            depth -= 1
+        k += 1
+    raise _Unreadable(text)
+
+
 def _parse(text: str) -> dict:
     """Functions by name, from MLIR's generic form (``--mlir-print-op-generic``).
 
-    Raises :class:`_Unreadable` for a line with a value (``%``) that is
-    neither an operation nor a block header, or outside every function: the
-    reading of the text would then not be the whole of its operations."""
+    Raises :class:`_Unreadable` where the text is not what this reading
+    accounts for: a line with a value (``%``) that is neither an operation
+    nor a block header, or outside every function; a string anywhere in a
+    function body but an operation's name; a quoted symbol; argument or
+    result attributes; a nested module; two functions of one name, or one
+    named as a C interface wrapper or a function the lowering calls."""
     functions: dict = {}
     current = None
     depth = 0
+    modules = 0
     for line in text.splitlines():
-        m = _FUNC.match(line)
-        if m and current is None:
-            current = functions[m.group(1)] = _Function(m.group(1))
-            depth = line.count("({") - line.count("})")
-            current.c_interface = "llvm.emit_c_interface" in line
+        skeleton, strings = _skeleton(line)
+        if '@"#' in skeleton:
+            raise _Unreadable(line)                 # a quoted symbol
+        if strings and strings[0] == "builtin.module" and skeleton.lstrip().startswith('"#0"('):
+            modules += 1
+            if modules > 1:
+                raise _Unreadable(line)             # a nested module
+        if current is None and _FUNC.match(skeleton) and strings[0] == "func.func":
+            names = _SYM_NAME.findall(skeleton)
+            if len(names) != 1 or _ARG_ATTRS.search(skeleton):
+                raise _Unreadable(line)
+            name = strings[int(names[0])]
+            if (not _NAME.match(name) or name in functions or name.startswith(_CIFACE)
+                    or name in _LOWERING_CALLS):
+                raise _Unreadable(line)
+            current = functions[name] = _Function(name)
+            current.arg_types, current.results = _signature(skeleton)
+            depth = skeleton.count("({") - skeleton.count("})")
+            current.c_interface = bool(_C_INTERFACE.search(skeleton))
             if depth <= 0:
                 current = None
             continue
         if current is None:
-            if _has_value(line):
+            if "%" in skeleton:
                 raise _Unreadable(line)
             continue
-        depth += line.count("({") - line.count("})")
+        depth += skeleton.count("({") - skeleton.count("})")
         if depth <= 0:                      # the function's closing line
-            current.c_interface = current.c_interface or "llvm.emit_c_interface" in line
+            current.c_interface = current.c_interface or bool(_C_INTERFACE.search(skeleton))
             current = None
             continue
-        b = _BLOCK.match(line)
-        if b:
-            names = _VALUE.findall(b.group(1) or "")
+        b = _BLOCK.match(skeleton)
+        if b and not strings:
             if not current.has_body:
-                current.params = names      # the entry block's arguments
+                current.params = _VALUE.findall(b.group(1) or "")    # the entry block's arguments
                 current.has_body = True
             continue
-        op = _OP.match(line)
-        if op:
+        op = _OP.match(skeleton)
+        if op and len(strings) == 1 and _NAME.match(strings[0]):
             current.has_body = True
-            results = _VALUE.findall(op.group(1) or "")
-            current.ops.append((op.group(2), results, _VALUE.findall(op.group(3)), op.group(4)))
-        elif _has_value(line):
+            current.ops.append((strings[0], _VALUE.findall(op.group(1) or ""),
+                                _VALUE.findall(op.group(2)), op.group(3)))
+        elif "%" in skeleton or strings:
             raise _Unreadable(line)
     return functions
 
 
-def _has_value(line: str) -> bool:
-    return "%" in _STRING.sub('""', line)
+_SCALARS = re.compile(r'(?:i\d+|f16|f32|f64|bf16|index)$')
 
 
 def _reads_only(functions: dict, fn: "_Function", index: int, proving: set) -> bool:
@@ -151,18 +280,15 @@ def _reads_only(functions: dict, fn: "_Function", index: int, proving: set) -> b
         elif name in _READS:
             continue
         elif name.startswith("linalg."):
-            seg = _SEGMENTS.search(rest)
-            if seg is None:
+            segments = _SEGMENTS.findall(rest)
+            if len(segments) != 1:
                 return False
-            n_ins = int(seg.group(1).split(",")[0])
+            n_ins = int(segments[0].split(",")[0])
             if any(k >= n_ins for k in uses):
                 return False
-        elif name == "memref.copy":
-            if uses != [0]:                 # the source only
-                return False
         elif name == "func.call":
-            callee = _CALLEE.search(rest)
-            target = functions.get(callee.group(1)) if callee else None
+            callee = _CALLEE.findall(rest)
+            target = functions.get(callee[0]) if len(callee) == 1 else None
             if target is None:
                 return False
             if target.has_body:
@@ -172,7 +298,10 @@ def _reads_only(functions: dict, fn: "_Function", index: int, proving: set) -> b
                         _reads_only(functions, target, k, proving) for k in uses):
                     return False
             elif target.name in _RUNTIME and target.c_interface:
-                if any(k == 0 or k >= _RUNTIME[target.name] for k in uses):
+                types, n_memrefs = _RUNTIME[target.name]
+                if (target.arg_types, target.results) != (types, ("i32",)):
+                    return False            # not the export's own signature: not its C arguments
+                if any(k == 0 or k >= n_memrefs for k in uses):
                     return False
             else:
                 return False
@@ -191,7 +320,10 @@ def read_only_arguments(generic_text: str) -> dict:
         return {}
     out = {}
     for fn in functions.values():
-        if fn.c_interface and fn.has_body:
+        # A C interface of a function returning a memref or several values
+        # takes a result pointer first: its arguments are not the MLIR ones.
+        if fn.c_interface and fn.has_body and (
+                fn.results == () or (len(fn.results) == 1 and _SCALARS.match(fn.results[0]))):
             out[_CIFACE + fn.name] = tuple(i for i in range(len(fn.params))
                                            if _reads_only(functions, fn, i, set()))
     return out

@@ -6,6 +6,10 @@
   copy's target, a written view, a written callee, a loop or branch argument,
   a raw pointer), and a call of a function that compile_mlir proved read-only
   must leave the argument's bytes as they were (run, not read off the text).
+* every module of read_only_refused/ (an adversarial review's finds: strings
+  that spell structure, quoted symbols, signatures that shift the C
+  arguments, interposed and hand-written symbols, nested modules) is run,
+  and no argument it writes may be proven read-only;
 * kina_fx.compiled: the MLP's parameters (mlir's @mlp_loss reads them only)
   are passed as the Tensor's own arrays, and the gradients are the same bits
   as with the copies; an argument that overlaps another memref argument (the
@@ -63,6 +67,31 @@ def test_each_use_gets_its_verdict_and_a_proven_argument_is_never_written(uses):
         module.function(f"_mlir_ciface_{name}")(a, np.zeros(4, np.float32))
         # the ground truth: w_* write a, the others leave it
         assert (not np.array_equal(a.view(np.uint32), before.view(np.uint32))) == name.startswith("w_"), name
+
+
+#: read_only_refused/<file>.mlir -> (its function, the C return type); None: no verdict at all
+REFUSED = {"a_float_shift": ("f", "int32_t"), "b_symname2": ("g", "int32_t"), "c_callee": ("f", "int32_t"),
+           "d_linalg_doc": ("f", "int32_t"), "e_header": ("f", "int32_t"), "f_interpose2": ("f", "int32_t"),
+           "f_strlen": ("f", "int32_t"), "g_depth": ("f", "void"), "h_result_shift": None,
+           "m_ciface_spoof": ("x", "int32_t"), "m2": ("x", "int32_t"), "n_nested": ("g", "int32_t"),
+           "o_colon": None}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_no_argument_a_module_writes_is_proven_read_only(case, tmp_path):
+    skip_unless_tools()
+    so = compiled.compile_mlir(str(HERE / "read_only_refused" / f"{case}.mlir"), str(tmp_path / "m.so"))
+    if REFUSED[case] is None:
+        assert compiled.load(so, "").read_only == {}
+        return
+    fn, returns = REFUSED[case]
+    module = compiled.load(so, f"{returns} _mlir_ciface_{fn}({RANKED}, {RANKED});")
+    args = [np.array([1.0, 2.0, 3.0, 4.0], np.float32) * (k + 1) for k in range(2)]
+    before = [a.copy() for a in args]
+    module.function(f"_mlir_ciface_{fn}")(*args)
+    written = {k for k, (a, b) in enumerate(zip(args, before)) if a.tobytes() != b.tobytes()}
+    assert written, "the case no longer writes its argument: it tests nothing"
+    assert not written & module.read_only.get(f"_mlir_ciface_{fn}", frozenset())
 
 
 def test_a_shared_object_not_built_by_compile_mlir_claims_nothing(tmp_path):

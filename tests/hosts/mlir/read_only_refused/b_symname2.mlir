@@ -1,0 +1,15 @@
+// An argument attribute that spells another function's sym_name.
+// (tests/hosts/mlir/test_mlir_read_only.py: no argument it writes may be proven read-only)
+module {
+  func.func @g(%a: memref<?xf32>, %out: memref<?xf32>) -> i32 attributes {llvm.emit_c_interface} {
+    %c0 = arith.constant 0 : index
+    %seven = arith.constant 7.0 : f32
+    memref.store %seven, %a[%c0] : memref<?xf32>
+    %ok = arith.constant 0 : i32
+    return %ok : i32
+  }
+  func.func @h(%a: memref<?xf32> {foo.sym_name = "g"}, %out: memref<?xf32>) -> i32 attributes {llvm.emit_c_interface} {
+    %ok = arith.constant 0 : i32
+    return %ok : i32
+  }
+}
