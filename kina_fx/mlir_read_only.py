@@ -109,48 +109,33 @@ def _skeleton(line: str) -> tuple:
     return _STRING.sub(placeholder, line), strings
 
 
-def _balanced(text: str, start: int) -> int:
-    """The index just past the bracket group opening at ``text[start]``."""
+def _scan(text: str):
+    """``(index, character, bracket depth before it)`` along ``text``; the
+    ``>`` of an arrow ``->`` is no bracket."""
     depth = 0
-    k = start
-    while k < len(text):
-        c = text[k]
-        if text.startswith("->", k):
-            k += 2
+    for k, c in enumerate(text):
+        if c == ">" and k and text[k - 1] == "-":
             continue
+        yield k, c, depth
         if c in "([{<":
             depth += 1
         elif c in ")]}>":
             depth -= 1
-            if depth == 0:
-                return k + 1
-        k += 1
+
+
+def _balanced(text: str, start: int) -> int:
+    """The index just past the bracket group opening at ``text[start]``."""
+    for k, c, depth in _scan(text[start:]):
+        if c in ")]}>" and depth == 1:
+            return start + k + 1
     raise _Unreadable(text)
 
 
 def _split_top(text: str) -> tuple:
     """``text``'s comma-separated items at bracket depth 0, stripped."""
-    items, depth, item = [], 0, ""
-    k = 0
-    while k < len(text):
-        c = text[k]
-        if text.startswith("->", k):
-            item += "->"
-            k += 2
-            continue
-        if c in "([{<":
-            depth += 1
-        elif c in ")]}>":
-            depth -= 1
-        if c == "," and depth == 0:
-            items.append(item.strip())
-            item = ""
-        else:
-            item += c
-        k += 1
-    if item.strip():
-        items.append(item.strip())
-    return tuple(items)
+    cuts = [k for k, c, depth in _scan(text) if c == "," and depth == 0]
+    items = [text[a + 1:b].strip() for a, b in zip([-1] + cuts, cuts + [len(text)])]
+    return tuple(items) if items != [""] else ()
 
 
 def _signature(skeleton: str) -> tuple:
@@ -165,27 +150,11 @@ def _signature(skeleton: str) -> tuple:
         raise _Unreadable(skeleton)
     rest = rest[4:]
     if rest.startswith("("):
-        close = _balanced(rest, 0)
-        return params, _split_top(rest[1:close - 1])
-    return params, _first_item(rest)
-
-
-def _first_item(text: str) -> tuple:
-    """The one type at the start of ``text`` (up to a comma or the end of the properties)."""
-    depth, k = 0, 0
-    while k < len(text):
-        c = text[k]
-        if text.startswith("->", k):
-            k += 2
-            continue
-        if depth == 0 and (c == "," or text.startswith("}>", k)):
-            return (text[:k].strip(),)
-        if c in "([{<":
-            depth += 1
-        elif c in ")]}>":
-            depth -= 1
-        k += 1
-    raise _Unreadable(text)
+        return params, _split_top(rest[1:_balanced(rest, 0) - 1])
+    for k, c, depth in _scan(rest):         # one type, up to a comma or the end of the properties
+        if depth == 0 and (c == "," or rest.startswith("}>", k)):
+            return params, (rest[:k].strip(),)
+    raise _Unreadable(skeleton)
 
 
 def _parse(text: str) -> dict:

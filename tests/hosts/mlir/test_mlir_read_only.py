@@ -175,9 +175,15 @@ def test_passed_as_is_the_gradients_are_the_copies_bits(mlp, n, d, h, c, seed):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-def test_two_tensors_over_one_memory_are_copied_and_get_their_own_gradients(mlp, monkeypatch):
-    monkeypatch.setattr(compiled, "AS_IS_BYTES", 0)     # as they are at any size
-    fn = mlp.function("_mlir_ciface_mlp_loss", outputs=1)
+@pytest.fixture
+def mlp_loss_as_is(mlp, monkeypatch):
+    """@mlp_loss, its traced arguments passed as they are at any size."""
+    monkeypatch.setattr(compiled, "AS_IS_BYTES", 0)
+    return mlp.function("_mlir_ciface_mlp_loss", outputs=1)
+
+
+def test_two_tensors_over_one_memory_are_copied_and_get_their_own_gradients(mlp_loss_as_is):
+    fn = mlp_loss_as_is
     rng = np.random.default_rng(5)
     x = rng.standard_normal((6, 4)).astype(np.float32)
     y = rng.integers(0, 4, 6)
@@ -197,9 +203,8 @@ def test_two_tensors_over_one_memory_are_copied_and_get_their_own_gradients(mlp,
     assert fn._snapshots                    # copies, for both uses
 
 
-def test_a_constant_over_a_parameters_memory_has_the_parameter_copied(mlp, monkeypatch):
-    monkeypatch.setattr(compiled, "AS_IS_BYTES", 0)     # as they are at any size
-    fn = mlp.function("_mlir_ciface_mlp_loss", outputs=1)
+def test_a_constant_over_a_parameters_memory_has_the_parameter_copied(mlp_loss_as_is):
+    fn = mlp_loss_as_is
     rng = np.random.default_rng(6)
     w1 = rng.standard_normal((4, 4)).astype(np.float32)
     y = rng.integers(0, 3, 4)
@@ -224,9 +229,8 @@ def test_an_argument_the_code_writes_is_still_copied(mlp):
     np.testing.assert_array_equal(x, [1.0, -2.0, 3.0])
 
 
-def test_jvp_through_arguments_passed_as_they_are(mlp, monkeypatch):
-    monkeypatch.setattr(compiled, "AS_IS_BYTES", 0)     # as they are at any size
-    fn = mlp.function("_mlir_ciface_mlp_loss", outputs=1)
+def test_jvp_through_arguments_passed_as_they_are(mlp_loss_as_is):
+    fn = mlp_loss_as_is
     x, y, w1, b1, w2, b2 = _mlp_problem(seed=3)
     t = np.random.default_rng(4).standard_normal(w1.shape).astype(np.float32)
     _, compiled_t = ad.jvp(lambda w: fn(np.zeros((), np.float32), x, y, w, b1, w2, b2), (w1,), (t,))
