@@ -87,7 +87,11 @@ class CompiledModule:
         self.ffi = cffi.FFI()
         self.ffi.cdef(_PRELUDE + declarations)
         self.lib = self.ffi.dlopen(self.path)
-        self.read_only = _read_only_verdicts(self.path)
+        verdicts = _read_only_verdicts(self.path)
+        #: ``{export: positions of the memref arguments it only reads}``
+        #: (:mod:`kina_fx.mlir_read_only`); empty for a module compile_mlir did not build
+        self.read_only = {name: positions for name, (_, positions) in verdicts.items()}
+        self._read_only_arity = {name: n for name, (n, _) in verdicts.items()}
 
 
     def function(self, name: str, outputs: int = 0, strict: bool = True) -> "CompiledFunction":
@@ -110,8 +114,8 @@ class CompiledModule:
 
 def _read_only_verdicts(path: str) -> dict:
     """What :func:`compile_mlir` recorded in the shared object at ``path``:
-    ``{export: positions of the memref arguments it only reads}``
-    (:mod:`kina_fx.mlir_read_only`); empty for one it did not build."""
+    ``{export: (number of parameters, positions of the memref arguments it
+    only reads)}`` (:mod:`kina_fx.mlir_read_only`); empty for one it did not build."""
     import cffi
 
     probe = cffi.FFI()
@@ -143,8 +147,12 @@ class CompiledFunction:
         self.strict = strict
         # The memref parameters the compiled code only reads (mlir_read_only):
         # a traced argument there is passed without a copy (_passed_as_is).
-        self._read_only = module.read_only.get(name, frozenset()) & {
-            i for i, _ in self._memref_parameters if i >= outputs}
+        # (a declaration of another number of parameters than the function's
+        # own does not say where they are: none is taken for read-only)
+        self._read_only = frozenset()
+        if module._read_only_arity.get(name) == len(kinds):
+            self._read_only = module.read_only[name] & {
+                i for i, _ in self._memref_parameters if i >= outputs}
 
     def __repr__(self):
         return f"<CompiledFunction {self.name} of {self.module.path}>"

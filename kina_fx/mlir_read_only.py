@@ -26,12 +26,15 @@ that cannot write it:
   ``llvm.emit_c_interface`` and the export's own signature, not defined in
   the module) with it as an input: the op writes only its output.
 
-Any other use -- a store, a ``linalg`` output, a ``memref.copy`` (its
-lowering calls a library function), a call of any other function, a branch
-or loop argument, a returned or yielded value, a pointer taken out of it --
-and the argument is not read-only.  A function whose C interface takes a
-result pointer first gets no verdict, and a module whose text this reading
-cannot fully account for gets none at all (:func:`_parse`).  What the proof
+Any other use -- a store, a ``linalg`` output, a call of any other
+function, a branch or loop argument, a returned or yielded value, a pointer
+taken out of it -- and the argument is not read-only.  And every function
+the export runs must be plain (:data:`_PLAIN_OPS`, :func:`_runs_plain`):
+code that does not take the argument can still write it through what the
+registers hold.  A function whose C interface takes a result pointer first,
+or a parameter a C declaration cannot spell, gets no verdict, and a module
+whose text this reading cannot fully account for gets none at all
+(:func:`_parse`).  docs/autograd-abi.md says it all in prose.  What the proof
 cannot see is undefined behaviour in MLIR itself (a view whose offset or
 sizes reach outside the memref it came from, then written).
 """
@@ -58,8 +61,31 @@ _CIFACE = "_mlir_ciface_"
 _LIBRARY_PREFIXES = ("kina_", "runtime_", _CIFACE)
 #: functions the lowering itself calls (allocation, copies): a module must not define them
 _LOWERING_CALLS = frozenset({"malloc", "calloc", "realloc", "free", "aligned_alloc", "posix_memalign",
-                             "memcpy", "memmove", "memset", "memrefCopy", "_mlir_memref_to_llvm_alloc",
+                             "memcpy", "memmove", "memset", "memcmp", "bcmp", "__memcpy_chk",
+                             "__memmove_chk", "__memset_chk", "memrefCopy", "_mlir_memref_to_llvm_alloc",
                              "_mlir_memref_to_llvm_aligned_alloc", "_mlir_memref_to_llvm_free"})
+#: What the functions a proven export runs may contain: operations that lower
+#: to inline code (or to malloc/free, which a module may not define), no
+#: calls but of the module's own functions and of runtime ops, no pointers.
+_PLAIN_OPS = frozenset(
+    [f"arith.{n}" for n in (
+        "constant", "addi", "subi", "muli", "divsi", "divui", "remsi", "remui", "ceildivsi",
+        "floordivsi", "andi", "ori", "xori", "shli", "shrsi", "shrui", "cmpi", "cmpf", "select",
+        "addf", "subf", "mulf", "divf", "negf", "maximumf", "minimumf", "maxnumf", "minnumf",
+        "maxsi", "minsi", "maxui", "minui", "index_cast", "index_castui", "sitofp", "uitofp",
+        "fptosi", "fptoui", "extsi", "extui", "trunci", "extf", "truncf")]
+    + [f"memref.{n}" for n in (
+        "alloc", "alloca", "dealloc", "load", "store", "dim", "rank", "cast", "subview",
+        "reinterpret_cast", "collapse_shape", "expand_shape", "transpose")]
+    + [f"scf.{n}" for n in ("for", "if", "yield", "while", "condition", "execute_region")]
+    + ["cf.br", "cf.cond_br", "func.call", "func.return", "linalg.generic", "linalg.yield",
+       "linalg.index", "linalg.fill", "linalg.matmul"]
+    + [f"affine.{n}" for n in ("for", "if", "load", "store", "apply", "yield", "min", "max")])
+#: types whose arithmetic may lower to library calls (half and wide types), or
+#: that the C interface passes in other registers than a C declaration says
+_UNPLAIN_TYPES = re.compile(r'(?<![\w.$-])(?:bf16|f16|f80|f128|complex|vector|tensor|i(?:6[5-9]|[7-9]\d|\d{3,}))\b')
+#: parameter types a cffi declaration passes one for one
+_DECLARABLE = re.compile(r'(?:memref<.*>|i(?:[1-9]|[1-5]\d|6[0-4])|index|f32|f64)$')
 _MLIR_TYPE = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(np.int64): "i64"}
 #: runtime export, as MLIR calls it -> (its declared parameter types, exactly; memref operands first,
 #: the output first of them): the op writes its output only
@@ -82,6 +108,7 @@ _VALUES = r'%[\w.$-]+(?::\d+)?(?:, %[\w.$-]+(?::\d+)?)*'
 _OP = re.compile(r'^\s*(?:(' + _VALUES + r') = )?"#0"\(((?:%[\w.$#-]+(?:, %[\w.$#-]+)*)?)\)(.*)$')
 _VALUE = re.compile(r'%[\w.$-]+')
 _CALLEE = re.compile(r'(?<![\w.$-])callee = @([A-Za-z_][\w.$-]*)(?=[,}])')
+_CLOSING = re.compile(r'^\s*\}\)(?: \{([^{}]*)\})? : \(\) -> \(\)\s*$')
 _SEGMENTS = re.compile(r'(?<![\w.$-])operandSegmentSizes = array<i32: ([\d, ]+)>')
 
 
@@ -94,6 +121,7 @@ class _Function:
         self.c_interface = False
         self.arg_types: tuple = ()
         self.results: tuple = ()
+        self.plain = True          # only _PLAIN_OPS, no _UNPLAIN_TYPES
 
 
 class _Unreadable(Exception):
@@ -180,7 +208,7 @@ def _parse(text: str) -> dict:
                 raise _Unreadable(line)             # a nested module
         if current is None and _FUNC.match(skeleton) and strings[0] == "func.func":
             names = _SYM_NAME.findall(skeleton)
-            if len(names) != 1 or _ARG_ATTRS.search(skeleton):
+            if len(names) != 1 or _ARG_ATTRS.search(skeleton) or not _plain_properties(skeleton):
                 raise _Unreadable(line)
             name = strings[int(names[0])]
             if (not _NAME.match(name) or name in functions or name.startswith(_CIFACE)
@@ -199,7 +227,12 @@ def _parse(text: str) -> dict:
             continue
         depth += skeleton.count("({") - skeleton.count("})")
         if depth <= 0:                      # the function's closing line
-            current.c_interface = current.c_interface or bool(_C_INTERFACE.search(skeleton))
+            # Its attributes: none but llvm.emit_c_interface (no linkage, no
+            # passthrough: what is compiled is the body read here).
+            closing = _CLOSING.match(skeleton)
+            if closing is None or (closing.group(1) or "llvm.emit_c_interface") != "llvm.emit_c_interface":
+                raise _Unreadable(line)
+            current.c_interface = current.c_interface or closing.group(1) is not None
             current = None
             continue
         b = _BLOCK.match(skeleton)
@@ -211,11 +244,20 @@ def _parse(text: str) -> dict:
         op = _OP.match(skeleton)
         if op and len(strings) == 1 and _NAME.match(strings[0]):
             current.has_body = True
+            if strings[0] not in _PLAIN_OPS or _UNPLAIN_TYPES.search(skeleton):
+                current.plain = False
             current.ops.append((strings[0], _VALUE.findall(op.group(1) or ""),
                                 _VALUE.findall(op.group(2)), op.group(3)))
         elif "%" in skeleton or strings:
             raise _Unreadable(line)
     return functions
+
+
+def _plain_properties(skeleton: str) -> bool:
+    """Whether a func.func header's properties are its type, name and visibility only."""
+    start = skeleton.index("<{")
+    keys = {item.split(" = ")[0] for item in _split_top(skeleton[start + 2:_balanced(skeleton, start + 1) - 1])}
+    return keys <= {"function_type", "sym_name", "sym_visibility"}
 
 
 _SCALARS = re.compile(r'(?:i\d+|f16|f32|f64|bf16|index)$')
@@ -279,10 +321,43 @@ def _reads_only(functions: dict, fn: "_Function", index: int, proving: set) -> b
     return True
 
 
+def _is_runtime_op(fn: "_Function") -> bool:
+    """A declaration of a runtime export with that export's own signature."""
+    return (not fn.has_body and fn.name in _RUNTIME and fn.c_interface
+            and (fn.arg_types, fn.results) == (_RUNTIME[fn.name][0], ("i32",)))
+
+
+def _runs_plain(functions: dict, fn: "_Function") -> bool:
+    """Whether every function ``fn`` may run is plain (:data:`_PLAIN_OPS`):
+    the module's own functions it calls, in turn, and runtime ops.  Code it
+    runs that does not take the argument can still write it, through what the
+    registers hold (an indirect call, a function declared with the wrong
+    signature)."""
+    todo, seen = [fn], set()
+    while todo:
+        f = todo.pop()
+        if f.name in seen:
+            continue
+        seen.add(f.name)
+        if not f.plain:
+            return False
+        for name, _, _, rest in f.ops:
+            if name != "func.call":
+                continue
+            callee = _CALLEE.findall(rest)
+            target = functions.get(callee[0]) if len(callee) == 1 else None
+            if target is None or not (_is_runtime_op(target) or (
+                    target.has_body and not target.name.startswith(_LIBRARY_PREFIXES))):
+                return False
+            todo.append(target)
+    return True
+
+
 def read_only_arguments(generic_text: str) -> dict:
-    """``{"_mlir_ciface_<fn>": (i, ...)}``: for each function with a C
-    interface, the positions of the arguments it only reads.  ``generic_text``
-    is the module in MLIR's generic form."""
+    """``{"_mlir_ciface_<fn>": (number of parameters, (i, ...))}``: for each
+    function with a C interface that the proof covers, the positions of the
+    arguments it only reads.  ``generic_text`` is the module in MLIR's
+    generic form."""
     try:
         functions = _parse(generic_text)
     except _Unreadable:
@@ -290,23 +365,27 @@ def read_only_arguments(generic_text: str) -> dict:
     out = {}
     for fn in functions.values():
         # A C interface of a function returning a memref or several values
-        # takes a result pointer first: its arguments are not the MLIR ones.
-        if fn.c_interface and fn.has_body and (
-                fn.results == () or (len(fn.results) == 1 and _SCALARS.match(fn.results[0]))):
-            out[_CIFACE + fn.name] = tuple(i for i in range(len(fn.params))
-                                           if _reads_only(functions, fn, i, set()))
+        # takes a result pointer first, and a parameter no C declaration can
+        # spell (a vector) moves the others: its positions are not the MLIR ones.
+        if (fn.c_interface and fn.has_body
+                and (fn.results == () or (len(fn.results) == 1 and _SCALARS.match(fn.results[0])))
+                and all(_DECLARABLE.match(t) for t in fn.arg_types) and len(fn.arg_types) == len(fn.params)
+                and _runs_plain(functions, fn)):
+            out[_CIFACE + fn.name] = (len(fn.params), tuple(
+                i for i in range(len(fn.params)) if _reads_only(functions, fn, i, set())))
     return out
 
 
 def encode(verdicts: dict) -> str:
-    """The text :data:`SYMBOL` holds."""
-    return "".join(f"{name}:{','.join(map(str, sorted(ix)))}\n" for name, ix in sorted(verdicts.items()))
+    """The text :data:`SYMBOL` holds: ``name:number of parameters:i,j,...`` lines."""
+    return "".join(f"{name}:{n}:{','.join(map(str, sorted(ix)))}\n"
+                   for name, (n, ix) in sorted(verdicts.items()))
 
 
 def decode(text: str) -> dict:
-    """:func:`encode`'s inverse."""
+    """:func:`encode`'s inverse, the positions as a frozenset."""
     out = {}
     for line in text.splitlines():
-        name, _, ix = line.partition(":")
-        out[name] = frozenset(int(i) for i in ix.split(",") if i)
+        name, n, ix = line.split(":")
+        out[name] = (int(n), frozenset(int(i) for i in ix.split(",") if i))
     return out

@@ -224,6 +224,22 @@ module {
     return %ok : i32
   }
 
+  func.func private @sine_of_first(%a: memref<?xf32>) -> f32 {
+    %c0 = arith.constant 0 : index
+    %x = memref.load %a[%c0] : memref<?xf32>
+    %s = math.sin %x : f32
+    return %s : f32
+  }
+
+  // Calls a function with an operation that is not plain (math.sin: a library call).
+  func.func @n_unplain_callee(%a: memref<?xf32>, %out: memref<?xf32>) -> i32 attributes {llvm.emit_c_interface} {
+    %c0 = arith.constant 0 : index
+    %s = func.call @sine_of_first(%a) : (memref<?xf32>) -> f32
+    memref.store %s, %out[%c0] : memref<?xf32>
+    %ok = arith.constant 0 : i32
+    return %ok : i32
+  }
+
   // Another library's function (with no tape behind handle 0 it fails, reading nothing).
   func.func @n_external_call(%a: memref<?xf32>, %out: memref<?xf32>) -> i32 attributes {llvm.emit_c_interface} {
     %none = arith.constant 0 : i64
