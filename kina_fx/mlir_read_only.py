@@ -34,9 +34,11 @@ code that does not take the argument can still write it through what the
 registers hold.  A function whose C interface takes a result pointer first,
 or a parameter a C declaration cannot spell, gets no verdict, and a module
 whose text this reading cannot fully account for gets none at all
-(:func:`_parse`).  docs/autograd-abi.md says it all in prose.  What the proof
-cannot see is undefined behaviour in MLIR itself (a view whose offset or
-sizes reach outside the memref it came from, then written).
+(:func:`_parse`).  What no proof of this kind sees is memory-unsafe code
+(a store outside the allocation it indexes: a view reaching outside its
+memref, an index out of bounds, an allocation whose byte size overflows),
+which can write any memory of the process, copied arguments or not.
+docs/autograd-abi.md says it all in prose.
 """
 from __future__ import annotations
 
