@@ -271,3 +271,20 @@ def test_a_line_the_reading_does_not_account_for_proves_nothing():
                 '  %x = "memref.load"(%y) : (memref<f32>) -> f32'):     # outside every function
         where = body if odd.startswith("    ") else len(lines) - 1
         assert mlir_read_only.read_only_arguments("\n".join(lines[:where] + [odd] + lines[where:])) == {}
+
+
+@settings(deadline=None, max_examples=200, derandomize=True)
+@given(layout=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 12), st.sampled_from([1, -1, 2, 0]),
+                                 st.booleans()), min_size=1, max_size=7))
+def test_the_overlap_check_is_every_pair_compared(layout):
+    # (first element's index, length, stride, passed as it is) of float32 vectors in one address range
+    base, item = 4096, 4
+    passed, spans = {}, {}
+    for i, (first, n, stride, as_is) in enumerate(layout):
+        key = (base + first * item if n else 0, (n,), (0 if n == 1 else stride,), "<f4")
+        array = object()
+        passed[i] = (array, (None, None, None, None, None, key), object(), array if as_is else object())
+        spans[i] = memref.byte_span(key)
+    expected = sorted(i for i in passed if passed[i][0] is passed[i][3] and any(
+        j != i and spans[i][0] < spans[j][1] and spans[j][0] < spans[i][1] for j in passed))
+    assert sorted(compiled.CompiledFunction._overlapping(None, passed)) == expected
