@@ -17,8 +17,7 @@ that cannot write it:
 * views of it -- ``memref.cast``, ``subview``, ``reinterpret_cast``,
   ``collapse_shape``, ``expand_shape``, ``transpose`` -- are followed in turn;
 * reads: ``memref.load``, ``memref.dim``, ``memref.rank``, ``affine.load``,
-  ``vector.load``, ``vector.transfer_read``, and a ``linalg`` operation that
-  has it among its ``ins``;
+  and a ``linalg`` operation that has it among its ``ins``;
 * a call of a function of the same module whose parameter there is itself
   read-only (and whose name is none libkina_fx.so could export: ``kina_``,
   ``runtime_``, ``_mlir_ciface_``), or of a runtime op
@@ -51,13 +50,12 @@ from .runtime_ops import RUNTIME_OPS
 __all__ = ["SYMBOL", "read_only_arguments", "encode", "decode"]
 
 #: The symbol of the shared object that holds the verdicts: a NUL-terminated
-#: string of ``name:i,j,...`` lines, one per ``_mlir_ciface_`` export.
+#: string of :func:`encode`'s lines, one per ``_mlir_ciface_`` export proven.
 SYMBOL = "kina_fx_read_only_arguments"
 
 _VIEWS = frozenset({"memref.cast", "memref.subview", "memref.reinterpret_cast",
                     "memref.collapse_shape", "memref.expand_shape", "memref.transpose"})
-_READS = frozenset({"memref.load", "memref.dim", "memref.rank", "affine.load", "vector.load",
-                    "vector.transfer_read"})
+_READS = frozenset({"memref.load", "memref.dim", "memref.rank", "affine.load"})
 _CIFACE = "_mlir_ciface_"
 #: names libkina_fx.so exports begin so (a function of the module named so may not be the one called)
 _LIBRARY_PREFIXES = ("kina_", "runtime_", _CIFACE)
