@@ -146,9 +146,9 @@ class CompiledFunction:
         self.outputs = outputs
         self.strict = strict
         # The memref parameters the compiled code only reads (mlir_read_only):
-        # a traced argument there is passed without a copy (_passed_as_is).
-        # (a declaration of another number of parameters than the function's
-        # own does not say where they are: none is taken for read-only)
+        # a large traced argument there is passed without a copy
+        # (_call_traced).  A declaration of another number of parameters than
+        # the function's own does not say where they are: none is taken.
         self._read_only = frozenset()
         if module._read_only_arity.get(name) == len(kinds):
             self._read_only = module.read_only[name] & {
@@ -289,7 +289,7 @@ class CompiledFunction:
         could write them, or see one buffer as two Tensors."""
         # Sorted by their lowest byte, a span overlaps another if it starts
         # below the highest end before it, or ends above the next one's start.
-        spans = sorted((memref.byte_span(entry[5]), i) for i, (array, entry, tensor, original) in passed.items())
+        spans = sorted((memref.byte_span(entry[5]), i) for i, (_, entry, _, _) in passed.items())
         found, reach = [], 0
         for k, ((low, high), i) in enumerate(spans):
             shared = low < reach or (k + 1 < len(spans) and spans[k + 1][0][0] < high)
