@@ -61,10 +61,11 @@ from .autograd.memory import BufferTracer
 __all__ = ["load", "CompiledModule", "CompiledFunction"]
 
 
-_PRELUDE = """
-typedef struct { int64_t rank; void *descriptor; } kina_unranked_memref_t;
-typedef struct { void *allocated; void *aligned; int64_t offset; int64_t sizes_and_strides[]; }
+_PRELUDE = f"""
+typedef struct {{ int64_t rank; void *descriptor; }} kina_unranked_memref_t;
+typedef struct {{ void *allocated; void *aligned; int64_t offset; int64_t sizes_and_strides[]; }}
     kina_memref_descriptor_t;
+extern const char {mlir_read_only.SYMBOL}[];
 """
 UNRANKED, RANKED = "kina_unranked_memref_t *", "kina_memref_descriptor_t *"
 
@@ -87,12 +88,15 @@ class CompiledModule:
         self.ffi = cffi.FFI()
         self.ffi.cdef(_PRELUDE + declarations)
         self.lib = self.ffi.dlopen(self.path)
-        verdicts = _read_only_verdicts(self.path)
+        try:                # what compile_mlir recorded (mlir_read_only)
+            verdicts = mlir_read_only.decode(
+                self.ffi.string(getattr(self.lib, mlir_read_only.SYMBOL)).decode("ascii", "replace"))
+        except (KeyError, AttributeError):     # a shared object compile_mlir did not build
+            verdicts = {}
         #: ``{export: positions of the memref arguments it only reads}``
         #: (:mod:`kina_fx.mlir_read_only`); empty for a module compile_mlir did not build
         self.read_only = {name: positions for name, (_, positions) in verdicts.items()}
         self._read_only_arity = {name: n for name, (n, _) in verdicts.items()}
-
 
     def function(self, name: str, outputs: int = 0, strict: bool = True) -> "CompiledFunction":
         """The exported function ``name``; its first ``outputs`` arguments are output buffers."""
@@ -110,21 +114,6 @@ class CompiledModule:
 
     def __repr__(self):
         return f"<CompiledModule {self.path}>"
-
-
-def _read_only_verdicts(path: str) -> dict:
-    """What :func:`compile_mlir` recorded in the shared object at ``path``:
-    ``{export: (number of parameters, positions of the memref arguments it
-    only reads)}`` (:mod:`kina_fx.mlir_read_only`); empty for one it did not build."""
-    import cffi
-
-    probe = cffi.FFI()
-    probe.cdef(f"extern const char {mlir_read_only.SYMBOL}[];")
-    try:
-        text = probe.string(getattr(probe.dlopen(path), mlir_read_only.SYMBOL))
-    except (KeyError, AttributeError):     # not built by compile_mlir
-        return {}
-    return mlir_read_only.decode(text.decode("ascii", "replace"))
 
 
 def load(path: str, declarations: str) -> CompiledModule:
@@ -374,7 +363,6 @@ def _read_only_global(generic: str) -> str:
     data = mlir_read_only.encode(verdicts).encode("ascii") + b"\0"
     text = "".join(chr(c) if chr(c).isalnum() or chr(c) in "_:," else f"\\{c:02X}" for c in data)
     return f'\n@{mlir_read_only.SYMBOL} = constant [{len(data)} x i8] c"{text}"\n'
-
 
 
 def example_path(name: str) -> str:

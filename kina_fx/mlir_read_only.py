@@ -260,11 +260,9 @@ def _plain_properties(skeleton: str) -> bool:
     return keys <= {"function_type", "sym_name", "sym_visibility"}
 
 
-_SCALARS = re.compile(r'(?:i\d+|f16|f32|f64|bf16|index)$')
-
-
 def _reads_only(functions: dict, fn: "_Function", index: int, proving: set) -> bool:
-    """Whether ``fn`` only reads its parameter ``index`` (module docstring)."""
+    """Whether ``fn`` only reads its parameter ``index`` (module docstring);
+    asked only of functions :func:`_runs_plain` accepted."""
     if not fn.has_body or index >= len(fn.params):
         return False
     key = (fn.name, index)
@@ -298,23 +296,14 @@ def _reads_only(functions: dict, fn: "_Function", index: int, proving: set) -> b
             if any(k >= n_ins for k in uses):
                 return False
         elif name == "func.call":
-            callee = _CALLEE.findall(rest)
-            target = functions.get(callee[0]) if len(callee) == 1 else None
+            # _runs_plain vetted the callee: a runtime op or a plain function of the module
+            target = _callee(functions, rest)
             if target is None:
                 return False
-            if target.has_body:
-                # this module's own function, unless the runtime library's
-                # symbol of that name (loaded first) is the one the call reaches
-                if target.name.startswith(_LIBRARY_PREFIXES) or not all(
-                        _reads_only(functions, target, k, proving) for k in uses):
-                    return False
-            elif target.name in _RUNTIME and target.c_interface:
-                types, n_memrefs = _RUNTIME[target.name]
-                if (target.arg_types, target.results) != (types, ("i32",)):
-                    return False            # not the export's own signature: not its C arguments
-                if any(k == 0 or k >= n_memrefs for k in uses):
-                    return False
-            else:
+            if _is_runtime_op(target):
+                if any(k == 0 or k >= _RUNTIME[target.name][1] for k in uses):
+                    return False            # the output, or past the memref operands
+            elif not all(_reads_only(functions, target, k, proving) for k in uses):
                 return False
         else:
             return False
@@ -344,13 +333,20 @@ def _runs_plain(functions: dict, fn: "_Function") -> bool:
         for name, _, _, rest in f.ops:
             if name != "func.call":
                 continue
-            callee = _CALLEE.findall(rest)
-            target = functions.get(callee[0]) if len(callee) == 1 else None
+            target = _callee(functions, rest)
+            # a function of the module, unless named as libkina_fx.so's symbols
+            # are (loaded first, the library's may be the one the call reaches)
             if target is None or not (_is_runtime_op(target) or (
                     target.has_body and not target.name.startswith(_LIBRARY_PREFIXES))):
                 return False
             todo.append(target)
     return True
+
+
+def _callee(functions: dict, rest: str):
+    """The function a ``func.call`` names (the rest of its line), or None."""
+    callee = _CALLEE.findall(rest)
+    return functions.get(callee[0]) if len(callee) == 1 else None
 
 
 def read_only_arguments(generic_text: str) -> dict:
@@ -368,7 +364,8 @@ def read_only_arguments(generic_text: str) -> dict:
         # takes a result pointer first, and a parameter no C declaration can
         # spell (a vector) moves the others: its positions are not the MLIR ones.
         if (fn.c_interface and fn.has_body
-                and (fn.results == () or (len(fn.results) == 1 and _SCALARS.match(fn.results[0])))
+                and (fn.results == () or (len(fn.results) == 1 and _DECLARABLE.match(fn.results[0])
+                                          and not fn.results[0].startswith("memref")))
                 and all(_DECLARABLE.match(t) for t in fn.arg_types) and len(fn.arg_types) == len(fn.params)
                 and _runs_plain(functions, fn)):
             out[_CIFACE + fn.name] = (len(fn.params), tuple(
